@@ -1,0 +1,194 @@
+"""The GPT-2-style language model: embeddings, pre-LayerNorm blocks, tied LM head.
+
+Imports torch only: no Lightning, Hydra or wandb here, so the model can be used on its own.
+Shape letters: B batch, T tokens, C = n_embd, V = vocab_size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from minigpt.attention import KVCache, MultiHeadAttention
+
+
+@dataclass
+class GPTConfig:
+    """Everything needed to rebuild a model; stored in checkpoints as a plain dict."""
+
+    vocab_size: int = 50257
+    context_length: int = 1024
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear and LayerNorm layers, as GPT-2
+    qkv_bias: bool = True  # GPT-2 has a QKV bias; the book trains from scratch without one
+    layer_norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        problems = []
+        for name in ("vocab_size", "context_length", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                problems.append(f"{name}={value!r} must be a positive integer")
+        if not problems and self.n_embd % self.n_head != 0:
+            problems.append(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+            problems.append(f"dropout={self.dropout!r} must be in [0, 1)")
+        for name in ("bias", "qkv_bias"):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(f"{name}={getattr(self, name)!r} must be true or false")
+        for name in ("layer_norm_eps", "init_std"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                problems.append(f"{name}={value!r} must be a positive number")
+        if problems:
+            raise ValueError("GPTConfig: " + "; ".join(problems))
+
+    @classmethod
+    def from_dict(cls, values: dict) -> GPTConfig:
+        """Build from a mapping (a Hydra section, a checkpoint), naming unknown keys."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"GPTConfig: unknown field(s) {unknown}; valid fields are {sorted(known)}"
+            )
+        return cls(**dict(values))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class FeedForward(nn.Module):
+    """Linear(C, 4C) -> GELU (tanh approximation, as GPT-2) -> Linear(4C, C)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        C = config.n_embd
+        self.norm1 = nn.LayerNorm(C, eps=config.layer_norm_eps, bias=config.bias)
+        self.attn = MultiHeadAttention(
+            C, C, config.context_length, config.dropout, config.n_head, config.qkv_bias,
+            out_bias=config.bias,
+        )
+        self.norm2 = nn.LayerNorm(C, eps=config.layer_norm_eps, bias=config.bias)
+        self.mlp = FeedForward(config)
+        self.drop = nn.Dropout(config.dropout)  # on each residual branch, as GPT-2
+
+    def forward(
+        self, x: Tensor, key_padding_mask: Tensor | None = None, kv_cache: KVCache | None = None
+    ) -> Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), key_padding_mask, kv_cache))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class GPT(nn.Module):
+    """GPT-2: token + learned position embeddings, ``n_layer`` blocks, final LayerNorm, and an
+    LM head that shares its weight with the token embedding."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        C = config.n_embd
+        self.tok_emb = nn.Embedding(config.vocab_size, C)
+        self.pos_emb = nn.Embedding(config.context_length, C)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.final_norm = nn.LayerNorm(C, eps=config.layer_norm_eps, bias=config.bias)
+        self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
+        self.lm_head.weight = self.tok_emb.weight  # tied, as GPT-2
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 initialization: N(0, 0.02) everywhere, residual output projections scaled by
+        1/sqrt(2 * n_layer) so the residual stream's variance does not grow with depth."""
+        std = self.config.init_std
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        residual_std = std / math.sqrt(2 * self.config.n_layer)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.out_proj.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
+
+    def forward(
+        self,
+        idx: Tensor,
+        key_padding_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        kv_caches: list[KVCache] | None = None,
+    ) -> Tensor:
+        """Logits (B, T, V) for token ids ``idx`` (B, T).
+
+        ``position_ids`` (B, T) defaults to 0..T-1 after any cached tokens; left-padded batches
+        pass their own so each row's first real token sits at position 0.
+        """
+        if idx.dim() != 2:
+            raise ValueError(f"idx must have shape (batch, tokens), got {tuple(idx.shape)}")
+        T = idx.shape[1]
+        offset = kv_caches[0].length if kv_caches else 0
+        if position_ids is None:
+            if offset + T > self.config.context_length:
+                raise ValueError(
+                    f"{offset + T} tokens exceed context_length={self.config.context_length}; "
+                    "crop the input to the last context_length tokens"
+                )
+            position_ids = torch.arange(offset, offset + T, device=idx.device)[None]  # (1, T)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(position_ids))  # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = block(x, key_padding_mask, kv_caches[i] if kv_caches else None)
+        return self.lm_head(self.final_norm(x))  # (B, T, V)
+
+    def new_kv_caches(
+        self, batch_size: int, capacity: int | None = None, *, device=None, dtype=None
+    ) -> list[KVCache]:
+        """One preallocated ``KVCache`` per block, holding up to ``capacity`` tokens."""
+        c = self.config
+        capacity = capacity or c.context_length
+        weight = self.tok_emb.weight
+        return [
+            KVCache.empty(batch_size, c.n_head, capacity, c.n_embd // c.n_head,
+                          device=device or weight.device, dtype=dtype or weight.dtype)
+            for _ in range(c.n_layer)
+        ]
+
+    def num_params(self, include_position: bool = True) -> int:
+        """Parameter count with tied weights counted once; optionally without the position
+        embeddings (the convention of scaling-law papers)."""
+        n = sum(p.numel() for p in self.parameters())  # parameters() yields a tied tensor once
+        if not include_position:
+            n -= self.pos_emb.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token (forward + backward): 6 N for the weights plus 12 L T C for
+        attention scores and their use (Kaplan et al. 2020; PaLM appendix B). For MFU."""
+        c = self.config
+        T = seq_len or c.context_length
+        return 6 * self.num_params(include_position=False) + 12 * c.n_layer * T * c.n_embd
