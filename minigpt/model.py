@@ -192,3 +192,35 @@ class GPT(nn.Module):
         c = self.config
         T = seq_len or c.context_length
         return 6 * self.num_params(include_position=False) + 12 * c.n_layer * T * c.n_embd
+
+    # Interop and sampling live in their own modules (minigpt.hf, minigpt.sampling); these thin
+    # methods give users the familiar entry points without model.py importing them eagerly.
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, **config_overrides) -> GPT:
+        """Load a Hugging Face GPT-2 checkpoint directory (or hub name, e.g. ``gpt2``)."""
+        from minigpt.hf import load_hf_gpt2
+
+        return load_hf_gpt2(name_or_path, **config_overrides)
+
+    def save_pretrained(self, path: str) -> None:
+        """Write a Hugging Face GPT-2 directory (``config.json`` + ``model.safetensors``)."""
+        from minigpt.hf import save_hf_gpt2
+
+        save_hf_gpt2(self, path)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        **kwargs,
+    ) -> Tensor:
+        """Sample ``max_new_tokens`` after ``idx`` (B, T) with the KV cache; see minigpt.sampling."""
+        from minigpt.sampling import generate
+
+        return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k,
+                        top_p=top_p, eos_id=eos_id, **kwargs)
