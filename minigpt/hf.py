@@ -1,0 +1,316 @@
+"""Hugging Face GPT-2 checkpoints in and out: ``GPT.from_pretrained`` / ``GPT.save_pretrained``.
+
+A checkpoint is a directory with ``config.json`` (a ``GPT2Config``) and ``model.safetensors``
+(preferred) or ``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``: tensors only,
+never code). Sharded checkpoints (``*.index.json``) load too.
+
+Hugging Face GPT-2 stores its projections as ``Conv1D``, whose weight is (in, out): the transpose
+of ``nn.Linear``'s (out, in). ``c_attn`` holds [queries | keys | values] along its output axis,
+the same order as our fused ``qkv`` rows, so a transpose is the whole conversion. Keys come with
+the ``transformer.`` prefix (``GPT2LMHeadModel``) or without it (``GPT2Model``, the original
+OpenAI upload); the causal-mask buffers ``attn.bias`` / ``attn.masked_bias`` of older checkpoints
+are dropped, and ``lm_head.weight`` is the token embedding (tied).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from minigpt.model import GPT, GPTConfig
+
+HUB_GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
+_HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name
+_SUPPORTED_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")  # both are GELU, tanh approximation
+# GPTConfig fields a caller may set freely when loading; the others are fixed by the weights.
+_FREE_OVERRIDES = ("dropout", "context_length", "init_std")
+
+# HF suffix (after "h.{i}.") -> ours (after "blocks.{i}."), and whether it is a Conv1D weight.
+_BLOCK_KEYS = {
+    "ln_1.weight": ("norm1.weight", False),
+    "ln_1.bias": ("norm1.bias", False),
+    "attn.c_attn.weight": ("attn.qkv.weight", True),
+    "attn.c_attn.bias": ("attn.qkv.bias", False),
+    "attn.c_proj.weight": ("attn.out_proj.weight", True),
+    "attn.c_proj.bias": ("attn.out_proj.bias", False),
+    "ln_2.weight": ("norm2.weight", False),
+    "ln_2.bias": ("norm2.bias", False),
+    "mlp.c_fc.weight": ("mlp.fc.weight", True),
+    "mlp.c_fc.bias": ("mlp.fc.bias", False),
+    "mlp.c_proj.weight": ("mlp.proj.weight", True),
+    "mlp.c_proj.bias": ("mlp.proj.bias", False),
+}
+_TOP_KEYS = {
+    "wte.weight": "tok_emb.weight",
+    "wpe.weight": "pos_emb.weight",
+    "ln_f.weight": "final_norm.weight",
+    "ln_f.bias": "final_norm.bias",
+}
+
+
+# --------------------------------------------------------------------------------------- loading
+
+
+def load_hf_gpt2(name_or_path: str | os.PathLike, **config_overrides) -> GPT:
+    """Build a ``GPT`` from a Hugging Face GPT-2 directory or hub name (``gpt2``, ``org/name``).
+
+    ``config_overrides`` may set ``dropout`` (default 0.0: pretrained GPT-2 used 0.1, pass it to
+    fine-tune that way), ``context_length`` (at most the checkpoint's; position embeddings are
+    cropped) and ``init_std``; other ``GPTConfig`` fields must match the checkpoint.
+    Returns a float32 model in eval mode.
+    """
+    directory = _resolve(name_or_path)
+    hf_config = json.loads((directory / "config.json").read_text())
+    config = _config_from_hf(hf_config, config_overrides, where=directory / "config.json")
+    state = _hf_to_ours(_read_weights(directory), config, directory)
+    with torch.device("meta"):  # no init work: every tensor is replaced by a loaded one
+        model = GPT(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.lm_head.weight = model.tok_emb.weight  # assign=True replaced the tied Parameter
+    return model.eval()
+
+
+def _resolve(name_or_path: str | os.PathLike) -> Path:
+    """A local checkpoint directory, downloading a hub name if it is not a local path."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} has no config.json; expected a Hugging Face GPT-2 "
+                                    "directory (config.json + model.safetensors)")
+        return path
+    if path.exists():
+        raise NotADirectoryError(f"{path} is a file; pass the checkpoint directory holding "
+                                 "config.json and model.safetensors")
+    name = str(name_or_path)
+    if name not in HUB_GPT2_NAMES and not _HUB_REPO_ID.match(name):
+        raise FileNotFoundError(
+            f"no such checkpoint directory: {name!r} (expected a directory with config.json and "
+            f"model.safetensors or pytorch_model.bin, or a hub name like 'gpt2' or 'org/name')"
+        )
+    return _download(name)
+
+
+def _download(repo_id: str) -> Path:
+    import huggingface_hub
+
+    # Read the switch at call time (huggingface_hub reads it once, at import).
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    try:
+        for patterns in (["config.json", "*.safetensors", "model.safetensors.index.json"],
+                         ["config.json", "pytorch_model*.bin", "pytorch_model.bin.index.json"]):
+            directory = Path(huggingface_hub.snapshot_download(
+                repo_id, allow_patterns=patterns, local_files_only=offline))
+            if _weight_files(directory):
+                return directory
+    except Exception as error:  # any hub, HTTP or disk failure: one actionable line, no trace
+        reason = "offline (HF_HUB_OFFLINE is set) and not cached" if offline else (
+            f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        raise OSError(
+            f"could not download {repo_id!r} from the Hugging Face Hub ({reason}); it is not a "
+            "local directory either: pass a directory with config.json and model.safetensors"
+        ) from None
+    raise FileNotFoundError(f"hub repo {repo_id!r} has no model.safetensors or pytorch_model.bin")
+
+
+def _config_from_hf(hf: dict, overrides: dict, where: Path) -> GPTConfig:
+    """Map a GPT2Config dict to ours, refusing variants our model does not compute."""
+    problems = []
+    if hf.get("model_type", "gpt2") != "gpt2":
+        problems.append(f"model_type={hf.get('model_type')!r} (only 'gpt2' is supported)")
+    if hf.get("activation_function", "gelu_new") not in _SUPPORTED_ACTIVATIONS:
+        problems.append(f"activation_function={hf.get('activation_function')!r} "
+                        f"(supported: {', '.join(_SUPPORTED_ACTIVATIONS)})")
+    n_embd = hf.get("n_embd")
+    if hf.get("n_inner") not in (None, 4 * (n_embd or 0)):
+        problems.append(f"n_inner={hf['n_inner']} (must be null or 4 * n_embd)")
+    for key, required in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+                          ("add_cross_attention", False), ("tie_word_embeddings", True)):
+        if hf.get(key, required) != required:
+            problems.append(f"{key}={hf[key]} (only {required} is supported)")
+    if "n_positions" not in hf and "n_ctx" in hf:
+        hf["n_positions"] = hf["n_ctx"]  # very old configs
+    missing = [k for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+               if k not in hf]
+    if missing:
+        problems.append(f"missing {missing}")
+    if problems:
+        raise ValueError(f"{where}: unsupported GPT-2 config: " + "; ".join(problems))
+
+    values = dict(vocab_size=hf["vocab_size"], context_length=hf["n_positions"],
+                  n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=0.0,
+                  bias=True, qkv_bias=True, layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+                  init_std=hf.get("initializer_range", 0.02))
+    for key, value in overrides.items():
+        if key not in values:
+            GPTConfig.from_dict({**values, key: value})  # raises naming the unknown field
+        elif key == "context_length" and isinstance(value, int) and value > values[key]:
+            raise ValueError(f"context_length={value} exceeds the checkpoint's n_positions="
+                             f"{values[key]}; the position embeddings stop there")
+        elif key not in _FREE_OVERRIDES and value != values[key]:
+            raise ValueError(f"{key}={value!r} contradicts the checkpoint ({key}={values[key]!r} "
+                             f"in {where}); only {', '.join(_FREE_OVERRIDES)} can be changed")
+        values[key] = value
+    return GPTConfig(**values)
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    """Weight files of a checkpoint directory, safetensors first; [] if there are none."""
+    for single, index in (("model.safetensors", "model.safetensors.index.json"),
+                          ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+        if (directory / single).is_file():
+            return [directory / single]
+        if (directory / index).is_file():
+            shards = json.loads((directory / index).read_text())["weight_map"].values()
+            return [directory / name for name in sorted(set(shards))]
+    return []
+
+
+def _read_weights(directory: Path) -> dict[str, Tensor]:
+    files = _weight_files(directory)
+    if not files:
+        raise FileNotFoundError(f"{directory} has config.json but no model.safetensors or "
+                                "pytorch_model.bin")
+    state: dict[str, Tensor] = {}
+    for file in files:
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state.update(load_file(file))
+        else:  # weights_only: a pickle may hold tensors and plain containers, never code
+            state.update(torch.load(file, map_location="cpu", weights_only=True))
+    return state
+
+
+def _hf_to_ours(hf_state: dict[str, Tensor], config: GPTConfig, where: Path) -> dict[str, Tensor]:
+    """Rename and transpose a GPT-2 state dict into ``GPT``'s, checking nothing is left over."""
+    hf_state = {k.removeprefix("transformer."): v for k, v in hf_state.items()}
+    lm_head = hf_state.pop("lm_head.weight", None)
+    ours: dict[str, Tensor] = {}
+    unexpected = []
+    for key, value in hf_state.items():
+        block = re.fullmatch(r"h\.(\d+)\.(.+)", key)
+        if block and block.group(2) in ("attn.bias", "attn.masked_bias"):
+            continue  # causal-mask buffers of older transformers versions
+        if block and block.group(2) in _BLOCK_KEYS:
+            name, conv1d = _BLOCK_KEYS[block.group(2)]
+            ours[f"blocks.{block.group(1)}.{name}"] = value.t() if conv1d else value
+        elif key in _TOP_KEYS:
+            ours[_TOP_KEYS[key]] = value
+        else:
+            unexpected.append(key)
+    expected = _expected_keys(config)
+    missing = sorted(expected - set(ours))
+    unexpected += sorted(set(ours) - expected)
+    if missing or unexpected:
+        raise ValueError(f"{where}: weights do not match config.json "
+                         f"(n_layer={config.n_layer}): missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    if lm_head is not None and not torch.equal(lm_head, ours["tok_emb.weight"]):
+        raise ValueError(f"{where}: lm_head.weight differs from the token embedding; only tied "
+                         "GPT-2 checkpoints are supported")
+    ours["pos_emb.weight"] = ours["pos_emb.weight"][: config.context_length]  # maybe cropped
+    ours = {k: v.to(torch.float32).contiguous() for k, v in ours.items()}
+    ours["lm_head.weight"] = ours["tok_emb.weight"]
+    return ours
+
+
+def _expected_keys(config: GPTConfig) -> set[str]:
+    keys = set(_TOP_KEYS.values())
+    for i in range(config.n_layer):
+        keys.update(f"blocks.{i}.{name}" for name, _ in _BLOCK_KEYS.values())
+    return keys
+
+
+# --------------------------------------------------------------------------------------- saving
+
+
+def save_hf_gpt2(model: GPT, path: str | os.PathLike) -> None:
+    """Write ``model`` as a Hugging Face GPT-2 directory: ``config.json`` + ``model.safetensors``.
+
+    ``transformers.GPT2LMHeadModel.from_pretrained(path)`` loads it with the same logits. GPT-2
+    always has biases; a model built with ``bias=False`` or ``qkv_bias=False`` is saved with zero
+    biases, which computes exactly the same function (and loads back as a ``bias=True`` model).
+    Each file is written to a temporary name and renamed, so a crash never leaves half a file.
+    """
+    from safetensors.torch import save_file
+
+    config = model.config
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = _ours_to_hf(model)
+    _atomic_write(directory / "model.safetensors",
+                  lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    hf_config = _hf_config(config, next(iter(tensors.values())).dtype)
+    _atomic_write(directory / "config.json",
+                  lambda tmp: Path(tmp).write_text(json.dumps(hf_config, indent=2) + "\n"))
+
+
+def _ours_to_hf(model: GPT) -> dict[str, Tensor]:
+    state = model.state_dict()
+    C, n_layer = model.config.n_embd, model.config.n_layer
+    hf: dict[str, Tensor] = {}
+    for hf_key, key in _TOP_KEYS.items():
+        hf[f"transformer.{hf_key}"] = state.get(key)
+    for i in range(n_layer):
+        for hf_suffix, (suffix, conv1d) in _BLOCK_KEYS.items():
+            value = state.get(f"blocks.{i}.{suffix}")
+            hf[f"transformer.h.{i}.{hf_suffix}"] = value.t() if conv1d else value
+    # Missing biases (bias=False / qkv_bias=False) are zeros in GPT-2's layout: exactly the same
+    # function. Sizes: LayerNorm and projections' outputs.
+    out_features = {"c_attn": 3 * C, "c_fc": 4 * C}
+    dtype = state["tok_emb.weight"].dtype
+    for key, value in hf.items():
+        if value is None:
+            assert key.endswith(".bias"), key
+            module = key.split(".")[-2]
+            hf[key] = torch.zeros(out_features.get(module, C), dtype=dtype)
+    # safetensors wants contiguous CPU tensors that share no memory.
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in hf.items()}
+
+
+def _hf_config(config: GPTConfig, dtype: torch.dtype) -> dict:
+    gpt2_vocab = config.vocab_size > 50256  # GPT-2's <|endoftext|> id exists
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "activation_function": "gelu_new",
+        "vocab_size": config.vocab_size,
+        "n_positions": config.context_length,
+        "n_ctx": config.context_length,
+        "n_embd": config.n_embd,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "n_inner": None,
+        "layer_norm_epsilon": config.layer_norm_eps,
+        "initializer_range": config.init_std,
+        "attn_pdrop": config.dropout,
+        "embd_pdrop": config.dropout,
+        "resid_pdrop": config.dropout,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "add_cross_attention": False,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "bos_token_id": 50256 if gpt2_vocab else None,
+        "eos_token_id": 50256 if gpt2_vocab else None,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def _atomic_write(target: Path, write) -> None:
+    """Call ``write(tmp_path)`` on a temporary file beside ``target``, then rename it over."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
