@@ -143,8 +143,10 @@ class GPT(nn.Module):
         key_padding_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
         kv_caches: list[KVCache] | None = None,
+        last_only: bool = False,
     ) -> Tensor:
-        """Logits (B, T, V) for token ids ``idx`` (B, T).
+        """Logits (B, T, V) for token ids ``idx`` (B, T); (B, 1, V) for the last position only
+        with ``last_only`` (all sampling needs: the LM head is a quarter of GPT-2's weights).
 
         ``position_ids`` (B, T) defaults to 0..T-1 after any cached tokens; left-padded batches
         pass their own so each row's first real token sits at position 0.
@@ -163,6 +165,8 @@ class GPT(nn.Module):
         x = self.drop(self.tok_emb(idx) + self.pos_emb(position_ids))  # (B, T, C)
         for i, block in enumerate(self.blocks):
             x = block(x, key_padding_mask, kv_caches[i] if kv_caches else None)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, C)
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
     def new_kv_caches(
