@@ -1,0 +1,114 @@
+"""``python -m minigpt.viz``: attention maps of a model, and plots of training runs.
+
+    python -m minigpt.viz attention --ckpt outputs/.../checkpoints/last.ckpt --prompt "..." \\
+        --layer 0 --out heads.png
+    python -m minigpt.viz attention --pretrained path/to/gpt2 --prompt "..." --layer all
+    python -m minigpt.viz runs outputs/RUN_A outputs/RUN_B --out runs.png
+
+argparse, not Hydra: these commands read existing files named on the command line (a variable
+number of run directories), compose no config and should not create a Hydra output directory
+of their own inside ``outputs/``, where the run plots look for runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak."
+READABLE_TOKENS = 64
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.command(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def attention(args) -> int:
+    import torch
+
+    from minigpt.viz.attention_maps import attention_maps, plot_attention, token_labels
+
+    model, tokenizer, source = _load_model(args)
+    prompt = Path(args.prompt_file).read_text() if args.prompt_file else args.prompt
+    ids = tokenizer.encode(prompt)
+    if not ids:
+        raise ValueError("the prompt is empty")
+    if len(ids) > model.config.context_length:
+        raise ValueError(f"the prompt is {len(ids)} tokens; the model sees at most "
+                         f"context_length={model.config.context_length}")
+    if len(ids) > READABLE_TOKENS:
+        print(f"note: {len(ids)} tokens; axis labels stay readable up to about {READABLE_TOKENS}",
+              file=sys.stderr)
+    model = model.float().eval()
+    maps = attention_maps(model, torch.tensor([ids]))
+    title = f"{source}: " + ("all layers, mean of heads" if args.layer == "all"
+                             else f"layer {args.layer}")
+    width, height = plot_attention(maps, token_labels(tokenizer, ids), args.out, args.layer, title)
+    print(f"wrote {args.out} ({width}x{height} px, {len(ids)} tokens, {len(maps)} layers, "
+          f"{model.config.n_head} heads)")
+    return 0
+
+
+def runs(args) -> int:
+    from minigpt.viz.run_plots import load_run, plot_runs, summary
+
+    labels = args.labels or [None] * len(args.run_dirs)
+    if len(labels) != len(args.run_dirs):
+        raise ValueError(f"{len(labels)} labels for {len(args.run_dirs)} run directories")
+    loaded = [load_run(d, name) for d, name in zip(args.run_dirs, labels, strict=True)]
+    for run in loaded:
+        print(summary(run))
+    width, height = plot_runs(loaded, args.out, args.title)
+    print(f"wrote {args.out} ({width}x{height} px, {len(loaded)} runs)")
+    return 0
+
+
+def _load_model(args):
+    """(model, tokenizer, description) from --pretrained, --ckpt, or the newest checkpoint."""
+    if args.pretrained:
+        from minigpt.model import GPT
+        from minigpt.tokenizer import get_tokenizer
+
+        return GPT.from_pretrained(args.pretrained), get_tokenizer("gpt2"), args.pretrained
+    from minigpt.checkpoint import find_latest_checkpoint, load_checkpoint
+
+    path = args.ckpt or find_latest_checkpoint()
+    model, tokenizer, _ = load_checkpoint(path)
+    return model, tokenizer, Path(path).name if args.ckpt else str(path)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m minigpt.viz", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(required=True, metavar="{attention,runs}")
+
+    p = sub.add_parser("attention", help="heatmaps of a model's attention weights for a prompt")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--ckpt", help="a training checkpoint (default: the newest under outputs/)")
+    source.add_argument("--pretrained", help="a Hugging Face GPT-2 directory")
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default=DEFAULT_PROMPT, help="text to look at")
+    prompt.add_argument("--prompt-file", help="read the prompt from this file")
+    p.add_argument("--layer", default="0",
+                   help="a layer index: one heatmap per head; or 'all': one per layer, mean of "
+                        "heads (default: 0)")
+    p.add_argument("--out", default="attention.png", help="PNG to write (default: attention.png)")
+    p.set_defaults(command=attention)
+
+    p = sub.add_parser("runs", help="loss, learning rate and tokens/s of one or more runs")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                   help="a run directory (Hydra's, under outputs/) with a CSV or wandb log")
+    p.add_argument("--labels", nargs="+", help="legend names, one per run (default: the paths)")
+    p.add_argument("--title", help="figure title")
+    p.add_argument("--out", default="runs.png", help="PNG to write (default: runs.png)")
+    p.set_defaults(command=runs)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

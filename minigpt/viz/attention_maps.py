@@ -1,0 +1,144 @@
+"""Attention maps: every layer's softmax weights for a prompt, and a PNG grid of heatmaps.
+
+``attention_maps`` needs torch only. It runs the model's own ``forward`` once with a pre-hook on
+each ``block.attn`` that hands the layer's input to ``MultiHeadAttention.attention_weights``, so the
+maps see exactly the inputs training and sampling see, and ``forward`` itself never computes
+weights. matplotlib is imported inside ``plot_attention`` only (Agg backend, no display needed).
+
+Shape letters: B batch, nh heads, T tokens (queries = keys), L layers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+DPI = 100
+
+
+@torch.no_grad()
+def attention_maps(
+    model, idx: Tensor, key_padding_mask: Tensor | None = None, position_ids: Tensor | None = None
+) -> list[Tensor]:
+    """The attention weights of every layer of ``model`` (a ``GPT``) for token ids ``idx`` (B, T).
+
+    Returns L tensors of shape (B, nh, T, T): row t holds how much query t attends to each key;
+    rows sum to 1, entries above the diagonal and on padded keys are 0. The model runs in eval
+    mode (no dropout) for the call and is put back in the mode it was in.
+    """
+    maps: list[Tensor] = []
+
+    def capture(attn, args, kwargs):
+        # Block.forward calls attn(x, key_padding_mask, kv_cache); accept keywords too.
+        x = args[0] if args else kwargs["x"]
+        mask = args[1] if len(args) > 1 else kwargs.get("key_padding_mask")
+        maps.append(attn.attention_weights(x, mask))  # (B, nh, T, T)
+
+    was_training = model.training
+    handles = [b.attn.register_forward_pre_hook(capture, with_kwargs=True) for b in model.blocks]
+    try:
+        model.eval()
+        model(idx, key_padding_mask=key_padding_mask, position_ids=position_ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    return maps
+
+
+def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
+    """One readable axis label per token: invisible characters made visible.
+
+    Spaces at either end become ``␣`` (GPT-2 tokens often start with one), newlines and tabs
+    their escapes, so every tick shows something.
+    """
+    labels = []
+    for i in ids:
+        text = tokenizer.decode([int(i)])
+        text = text.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+        stripped = text.strip(" ")
+        lead = len(text) - len(text.lstrip(" "))
+        trail = len(text) - len(text.rstrip(" ")) if stripped else 0
+        labels.append("␣" * lead + stripped + "␣" * trail)
+    return labels
+
+
+def figure_layout(n_panels: int, n_tokens: int) -> tuple[int, int, float, float]:
+    """(rows, cols, width, height in inches) of a grid of ``n_panels`` T x T heatmaps.
+
+    Panels grow with T (about 0.12 in per token, so 64 tick labels at 6 pt do not overlap) and
+    the grid is as square as it can be. The PNG is exactly (width * DPI, height * DPI) pixels.
+    """
+    if n_panels < 1 or n_tokens < 1:
+        raise ValueError(f"need at least one panel and one token, got {n_panels} and {n_tokens}")
+    cols = math.ceil(math.sqrt(n_panels))
+    rows = math.ceil(n_panels / cols)
+    panel = min(max(1.5 + 0.12 * n_tokens, 3.0), 10.0)  # inches, including tick labels
+    return rows, cols, cols * panel, rows * panel + 0.6  # + room for the title
+
+
+def select_panels(maps: Sequence[Tensor], layer: int | str) -> tuple[list[Tensor], list[str]]:
+    """The (T, T) heatmaps to draw for the first sequence of the batch, and their titles.
+
+    ``layer`` an int: one panel per head of that layer. ``layer="all"``: one panel per layer,
+    the mean over its heads.
+    """
+    n_layer = len(maps)
+    if layer == "all":
+        return [m[0].mean(dim=0) for m in maps], [f"layer {i} (mean of heads)" for i in
+                                                   range(n_layer)]
+    if isinstance(layer, str):
+        if not layer.lstrip("-").isdigit():
+            raise ValueError(f"layer must be an integer or 'all', got {layer!r}")
+        layer = int(layer)
+    if not -n_layer <= layer < n_layer:
+        raise ValueError(f"layer={layer} is out of range: the model has {n_layer} layers")
+    layer %= n_layer
+    weights = maps[layer][0]  # (nh, T, T)
+    return list(weights), [f"layer {layer}, head {h}" for h in range(weights.shape[0])]
+
+
+def plot_attention(
+    maps: Sequence[Tensor], labels: Sequence[str], path: str | Path, layer: int | str = 0,
+    title: str | None = None,
+) -> tuple[int, int]:
+    """Write a PNG grid of heatmaps (queries down, keys across) and return its (width, height)
+    in pixels. ``maps`` as returned by ``attention_maps``; ``layer`` as in ``select_panels``."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import PowerNorm
+
+    panels, titles = select_panels(maps, layer)
+    T = panels[0].shape[-1]
+    if len(labels) != T:
+        raise ValueError(f"{len(labels)} labels for {T} tokens")
+    rows, cols, width, height = figure_layout(len(panels), T)
+    fontsize = 8 if T <= 32 else 6
+    fig, axes = plt.subplots(rows, cols, figsize=(width, height), dpi=DPI, squeeze=False,
+                             layout="constrained")
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    # sqrt colour scale: a head spreading 0.05 over 20 keys is still visible next to one at 1.0
+    norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
+    image = None
+    for ax, weights, panel_title in zip(axes.flat, panels, titles, strict=False):
+        shown = weights.detach().float().cpu().masked_fill(~causal, float("nan"))  # blank future
+        image = ax.imshow(shown.numpy(), cmap="viridis", norm=norm, interpolation="nearest")
+        ax.set_title(panel_title, fontsize=9)
+        ax.set_xticks(range(T), labels, rotation=90, fontsize=fontsize)
+        ax.set_yticks(range(T), labels, fontsize=fontsize)
+        ax.set_xlabel("key", fontsize=8)
+        ax.set_ylabel("query", fontsize=8)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    if title:
+        fig.suptitle(title)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return round(width * DPI), round(height * DPI)

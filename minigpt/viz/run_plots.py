@@ -1,0 +1,257 @@
+"""Run plots: a run directory's logged metrics -> one PNG comparing several runs.
+
+Two log formats are read, both written by a normal ``python train.py``:
+
+* ``logger=csv``: Lightning's ``CSVLogger`` file ``metrics.csv`` (one row per logging call; blank
+  cells for metrics not logged in that call).
+* ``logger=wandb`` in offline mode: ``wandb/offline-run-*/run-*.wandb``. wandb 0.31 writes no
+  history JSON offline, only this record log: LevelDB's log format (32 KiB blocks of
+  checksum/length/type-framed chunks after a 7-byte ``:W&B`` header) holding protobuf
+  ``Record``s. We read its ``history`` records with the protobuf classes wandb ships; this is
+  wandb's internal format, so the CSV log is the one to rely on.
+
+Everything is found by searching the run directory, so a Hydra run dir, a Lightning log dir or
+the wandb run dir itself all work. A resumed run that logged into several ``version_*`` folders
+is merged, later values winning for a repeated step.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+# The names minigpt.lit logs (first match wins); the later ones cover older or hand-made logs.
+TOKENS = ("train/tokens_seen", "tokens_seen", "tokens")
+TRAIN_LOSS = ("train/loss",)
+VAL_LOSS = ("val/loss",)
+LR = ("lr", "train/lr")
+TOKENS_PER_SEC = ("train/tokens_per_sec", "tokens_per_sec", "train/tokens_per_s")
+STEP_KEYS = ("step", "trainer/global_step", "_step")  # CSVLogger, WandbLogger, wandb itself
+
+FIGSIZE = (16.0, 4.8)  # inches; three panels side by side
+DPI = 100
+
+
+@dataclass
+class Run:
+    """The numeric metrics of one run: name -> (steps, values), sorted by step."""
+
+    name: str
+    sources: list[Path]
+    metrics: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def get(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The first of ``names`` this run logged, or None."""
+        for name in names:
+            if name in self.metrics and len(self.metrics[name][0]):
+                return self.metrics[name]
+        return None
+
+    def tokens_at(self, steps: np.ndarray) -> np.ndarray | None:
+        """Tokens seen at ``steps``, interpolated between the steps where they were logged
+        (validation rows do not carry them); None if the run never logged tokens seen."""
+        tokens = self.get(TOKENS)
+        if tokens is None:
+            return None
+        return np.interp(steps, tokens[0], tokens[1])
+
+
+def find_logs(run_dir: str | Path) -> list[Path]:
+    """The metric logs under ``run_dir``: its ``metrics.csv`` files if any, else its wandb files.
+
+    Raises ``FileNotFoundError`` naming the directory when there are none, and ``ValueError``
+    when the directory holds several Hydra runs (pass them one by one).
+    """
+    root = Path(run_dir)
+    if root.is_file():
+        return [root]
+    if not root.is_dir():
+        raise FileNotFoundError(f"run directory {str(root)!r} does not exist")
+    hydra_runs = sorted(p.parent for p in root.rglob(".hydra"))
+    if len(hydra_runs) > 1:
+        shown = ", ".join(str(p) for p in hydra_runs[:4])
+        raise ValueError(
+            f"{root} holds {len(hydra_runs)} runs ({shown}{', ...' if len(hydra_runs) > 4 else ''}); "
+            "pass each run directory you want on the figure"
+        )
+    csvs = sorted(root.rglob("metrics.csv"), key=_version_order)
+    if csvs:
+        return csvs
+    wandb_files = sorted(root.rglob("run-*.wandb"))
+    if wandb_files:
+        return wandb_files
+    raise FileNotFoundError(
+        f"no metrics.csv or wandb run file under {root}; train with logger=csv (or logger=wandb, "
+        "offline) to get one"
+    )
+
+
+def load_run(run_dir: str | Path, name: str | None = None) -> Run:
+    """Read every log under ``run_dir`` into one ``Run`` (named after the directory)."""
+    merged: dict[str, dict[float, float]] = {}
+    sources = find_logs(run_dir)
+    for path in sources:
+        rows = read_wandb(path) if path.suffix == ".wandb" else read_csv(path)
+        for row in rows:
+            step = next((row[k] for k in STEP_KEYS if k in row), None)
+            if step is None:
+                continue
+            for key, value in row.items():
+                if key not in STEP_KEYS and key != "epoch" and not key.startswith("_"):
+                    merged.setdefault(key, {})[step] = value
+    run = Run(name or str(run_dir), sources)
+    for key, by_step in merged.items():
+        steps = np.array(sorted(by_step), dtype=float)
+        run.metrics[key] = (steps, np.array([by_step[s] for s in steps], dtype=float))
+    return run
+
+
+def read_csv(path: str | Path) -> list[dict[str, float]]:
+    """The numeric cells of each row of a ``CSVLogger`` ``metrics.csv`` (blank cells skipped)."""
+    rows = []
+    with open(path, newline="") as f:
+        for record in csv.DictReader(f):
+            row = {}
+            for key, text in record.items():
+                value = _number(text)
+                if key is not None and value is not None:
+                    row[key] = value
+            rows.append(row)
+    return rows
+
+
+def read_wandb(path: str | Path) -> list[dict[str, float]]:
+    """The numeric values of each ``history`` record (one ``wandb.log`` call) of a ``.wandb`` file.
+
+    Stops quietly at a truncated tail (a run still writing, or killed mid-record).
+    """
+    from wandb.proto import wandb_internal_pb2
+
+    rows = []
+    for data in _leveldb_records(Path(path).read_bytes(), path):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") != "history":
+            continue
+        row = {}
+        for item in record.history.item:
+            key = item.key or "/".join(item.nested_key)
+            value = json.loads(item.value_json)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                row[key] = float(value)
+        rows.append(row)
+    return rows
+
+
+_WANDB_HEADER = b":W&B"
+_BLOCK = 32768
+_CHUNK_HEADER = struct.Struct("<IHB")  # checksum, length, type (1 full, 2 first, 3 middle, 4 last)
+
+
+def _leveldb_records(data: bytes, path) -> list[bytes]:
+    if data[:4] != _WANDB_HEADER:
+        raise ValueError(f"{path} is not a wandb run file (no ':W&B' header)")
+    records, pending, pos = [], b"", 7
+    while pos + _CHUNK_HEADER.size <= len(data):
+        left_in_block = _BLOCK - pos % _BLOCK
+        if left_in_block < _CHUNK_HEADER.size:  # block trailer: zero padding
+            pos += left_in_block
+            continue
+        _, length, kind = _CHUNK_HEADER.unpack_from(data, pos)
+        pos += _CHUNK_HEADER.size
+        if pos + length > len(data):
+            break  # truncated tail
+        chunk, pos = data[pos : pos + length], pos + length
+        if kind in (1, 2):
+            pending = chunk
+        elif kind in (3, 4):
+            pending += chunk
+        if kind in (1, 4):
+            records.append(pending)
+            pending = b""
+    return records
+
+
+def plot_runs(runs: list[Run], path: str | Path, title: str | None = None) -> tuple[int, int]:
+    """Write a PNG with train/val loss, learning rate and tokens/s against tokens seen (steps for
+    runs that did not log tokens), one colour per run; return its (width, height) in pixels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not runs:
+        raise ValueError("no runs to plot")
+    by_tokens = all(run.get(TOKENS) is not None for run in runs)
+    x_label = "tokens seen" if by_tokens else "step"
+    fig, (ax_loss, ax_lr, ax_speed) = plt.subplots(1, 3, figsize=FIGSIZE, dpi=DPI,
+                                                   layout="constrained")
+    panels = ((ax_loss, "loss"), (ax_lr, "learning rate"), (ax_speed, "tokens/s"))
+    drawn = {ax: False for ax, _ in panels}
+    for i, run in enumerate(runs):
+        color = f"C{i % 10}"
+
+        def draw(ax, names, run=run, color=color, **style):
+            series = run.get(names)
+            if series is None:
+                return
+            steps, values = series
+            x = run.tokens_at(steps) if by_tokens else steps
+            ax.plot(x, values, color=color, **style)
+            drawn[ax] = True
+
+        draw(ax_loss, TRAIN_LOSS, label=f"{run.name} train", linewidth=1.2)
+        draw(ax_loss, VAL_LOSS, label=f"{run.name} val", linestyle="--", marker="o",
+             markersize=3)
+        draw(ax_lr, LR, label=run.name)
+        draw(ax_speed, TOKENS_PER_SEC, label=run.name)
+    for ax, ylabel in panels:
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if drawn[ax]:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    if title:
+        fig.suptitle(title)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return round(FIGSIZE[0] * DPI), round(FIGSIZE[1] * DPI)
+
+
+def summary(run: Run) -> str:
+    """One line per run for the terminal: steps, tokens seen, last train loss, best val loss."""
+    parts = [run.name]
+    train, val, tokens = run.get(TRAIN_LOSS), run.get(VAL_LOSS), run.get(TOKENS)
+    if train is not None:
+        parts.append(f"step {int(train[0][-1])}  train/loss {train[1][-1]:.4f}")
+    if tokens is not None:
+        parts.append(f"tokens {int(tokens[1][-1]):,}")
+    if val is not None:
+        parts.append(f"best val/loss {np.nanmin(val[1]):.4f}")
+    return "  ".join(parts)
+
+
+def _number(text: str | None) -> float | None:
+    if text is None or text == "":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _version_order(path: Path) -> tuple:
+    """Sort ``.../version_10/metrics.csv`` after ``.../version_9/metrics.csv``."""
+    parts = []
+    for part in path.parts:
+        tail = part.rsplit("_", 1)[-1]
+        parts.append((0, int(tail), part) if tail.isdigit() else (1, 0, part))
+    return tuple(parts)
