@@ -175,3 +175,133 @@ def test_importing_the_package_does_not_import_matplotlib():
     code = ("import sys, minigpt, minigpt.viz, minigpt.viz.attention_maps, "
             "minigpt.viz.run_plots; assert 'matplotlib' not in sys.modules, 'matplotlib'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- run plots -----------------------------------------------------------------------------
+
+
+def write_csv_log(path, rows):
+    """A metrics.csv as Lightning's CSVLogger writes it: the union of keys, blank cells."""
+    import csv
+
+    keys = sorted({k for row in rows for k in row})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, keys)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_csv_log_merges_versions_and_places_val_rows_by_tokens(tmp_path):
+    from minigpt.viz.run_plots import VAL_LOSS, load_run
+
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    train = [{"step": s, "epoch": 0, "train/loss": 4.0 - 0.1 * s, "lr": 1e-3,
+              "train/tokens_seen": 512 * (s + 1)} for s in range(0, 10, 2)]
+    write_csv_log(run_dir / "logs/version_0/metrics.csv", train + [{"step": 5, "val/loss": 3.7}])
+    # a resume logged into version_10 (sorted after version_0 numerically) repeats step 8
+    write_csv_log(run_dir / "logs/version_10/metrics.csv",
+                  [{"step": 8, "train/loss": 3.0, "train/tokens_seen": 4608},
+                   {"step": 10, "train/loss": 2.9, "train/tokens_seen": 5632},
+                   {"step": 10, "val/loss": 3.1}])
+    run = load_run(run_dir)
+    steps, loss = run.metrics["train/loss"]
+    assert steps.tolist() == [0, 2, 4, 6, 8, 10]
+    assert loss[-2:].tolist() == [3.0, 2.9]  # the resumed value wins
+    val_steps, val = run.get(VAL_LOSS)
+    assert val.tolist() == [3.7, 3.1]
+    assert run.tokens_at(val_steps).tolist() == [3072, 5632]  # interpolated between steps 4, 6
+    assert "epoch" not in run.metrics
+
+
+def test_run_dir_errors_name_the_problem(tmp_path):
+    from minigpt.viz.run_plots import find_logs
+
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        find_logs(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="no metrics.csv or wandb run file"):
+        find_logs(tmp_path)
+    for name in ("a", "b"):
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+    with pytest.raises(ValueError, match="holds 2 runs"):
+        find_logs(tmp_path)
+
+
+def test_wandb_offline_run_file_is_read(tmp_path, monkeypatch):
+    """A real wandb offline run, long enough that records cross the 32 KiB block boundary."""
+    wandb = pytest.importorskip("wandb")
+    from minigpt.viz.run_plots import load_run
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = wandb.init(project="viz-test", dir=str(tmp_path), settings=wandb.Settings(
+        console="off", x_disable_stats=True))
+    n = 600
+    for step in range(n):  # as Lightning's WandbLogger logs: trainer/global_step in each call
+        run.log({"train/loss": 5.0 - step / n, "lr": 1e-3 * step / n,
+                 "train/tokens_seen": 256 * (step + 1), "trainer/global_step": step})
+        if step % 100 == 99:
+            run.log({"val/loss": 5.0 - step / n + 0.1, "trainer/global_step": step})
+    run.finish()
+    files = list(tmp_path.rglob("run-*.wandb"))
+    assert files and files[0].stat().st_size > 32768
+    loaded = load_run(tmp_path)
+    steps, loss = loaded.metrics["train/loss"]
+    assert steps.tolist() == list(range(n))
+    torch.testing.assert_close(torch.tensor(loss), 5.0 - torch.arange(n, dtype=torch.float64) / n)
+    assert loaded.metrics["val/loss"][0].tolist() == [99, 199, 299, 399, 499, 599]
+    assert loaded.metrics["train/tokens_seen"][1][-1] == 256 * n
+
+
+def test_not_a_wandb_file_is_a_clear_error(tmp_path):
+    from minigpt.viz.run_plots import read_wandb
+
+    bad = tmp_path / "run-x.wandb"
+    bad.write_bytes(b"hello")
+    with pytest.raises(ValueError, match="not a wandb run file"):
+        read_wandb(bad)
+
+
+def test_runs_cli_draws_several_runs_on_one_png(tmp_path, capsys):
+    from PIL import Image
+
+    from minigpt.viz.__main__ import main
+
+    dirs = []
+    for i, lr in enumerate((1e-3, 3e-4)):
+        rows = [{"step": s, "train/loss": 4.0 - lr * 100 * s, "lr": lr, "train/tokens_seen": 64 * s,
+                 "train/tokens_per_sec": 1000.0 + s} for s in range(1, 20)]
+        write_csv_log(tmp_path / f"run{i}/metrics.csv", rows + [{"step": 19, "val/loss": 3.5}])
+        dirs.append(str(tmp_path / f"run{i}"))
+    out = tmp_path / "runs.png"
+    assert main(["runs", *dirs, "--labels", "lr=1e-3", "lr=3e-4", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "lr=1e-3  step 19  train/loss" in printed and "best val/loss 3.5000" in printed
+    with Image.open(out) as image:
+        assert image.size == (1600, 480)
+    assert main(["runs", dirs[0], "--labels", "a", "b", "--out", str(out)]) == 2
+    assert "2 labels for 1 run directories" in capsys.readouterr().err
+
+
+def test_attention_cli_on_a_pretrained_directory(tmp_path, capsys):
+    """--pretrained: a Hugging Face GPT-2 directory (here a tiny random one) and the GPT-2 BPE."""
+    tokenizer = pytest.importorskip("minigpt.tokenizer")
+    try:
+        tokenizer.get_tokenizer("gpt2")
+    except tokenizer.TokenizerUnavailableError as e:
+        pytest.skip(str(e))
+    from PIL import Image
+
+    from minigpt.viz.__main__ import main
+
+    tiny_gpt(vocab_size=50257, n_layer=3).save_pretrained(str(tmp_path / "gpt2-tiny"))
+    out = tmp_path / "layers.png"
+    argv = ["attention", "--pretrained", str(tmp_path / "gpt2-tiny"), "--prompt",
+            "Hello world, this is a test.", "--layer", "all", "--out", str(out)]
+    assert main(argv) == 0
+    assert "8 tokens, 3 layers, 2 heads" in capsys.readouterr().out
+    with Image.open(out) as image:
+        assert image.size == tuple(round(v * 100) for v in figure_layout(3, 8)[2:])
+    assert main([*argv[:-4], "--layer", "5", "--out", str(out)]) == 2
+    assert "out of range: the model has 3 layers" in capsys.readouterr().err
