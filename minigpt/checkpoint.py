@@ -9,6 +9,8 @@ the tokenizer as plain types, so ``torch.load(weights_only=True)`` can read it a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 FORMAT_VERSION = 1
 METADATA_KEY = "minigpt"
 MODEL_PREFIX = "model."
@@ -24,3 +26,67 @@ def checkpoint_metadata(model_config: dict, tokenizer: dict) -> dict:
         "model_config": dict(model_config),
         "tokenizer": dict(tokenizer),
     }
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read: missing, not minigpt's, or from another format version."""
+
+
+def load_checkpoint(path, map_location="cpu"):
+    """Rebuild ``(GPT, Tokenizer, metadata)`` from a training checkpoint, in eval mode.
+
+    Reads with ``torch.load(weights_only=True)``: tensors and plain types only, never code.
+    Raises ``FileNotFoundError`` for a missing file and ``CheckpointError`` (one line each) for a
+    file that is not a minigpt checkpoint or has a ``format_version`` this code does not read.
+    """
+    import torch
+
+    from minigpt.model import GPT, GPTConfig
+    from minigpt.tokenizer import tokenizer_from_dict
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}" + (" (a directory; name the .ckpt file)"
+                                                              if path.is_dir() else ""))
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # pickle and zip errors come in many types
+        reason = (str(e).splitlines() or [""])[0][:200]
+        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: "
+                              f"{reason})") from None
+    meta = checkpoint.get(METADATA_KEY) if isinstance(checkpoint, dict) else None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path} is not a minigpt checkpoint (no {METADATA_KEY!r} metadata; "
+                              "was it written by minigpt's train.py?)")
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint format_version={version!r} (minigpt "
+            f"{meta.get('minigpt_version', '?')}); this minigpt reads format_version="
+            f"{FORMAT_VERSION}"
+        )
+    state = checkpoint.get("state_dict")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} has minigpt metadata but no 'state_dict'")
+    weights = {k[len(MODEL_PREFIX):]: v for k, v in state.items() if k.startswith(MODEL_PREFIX)}
+    if not weights:
+        raise CheckpointError(f"{path} has no model weights (no keys starting with "
+                              f"{MODEL_PREFIX!r} in its state_dict)")
+    model = GPT(GPTConfig.from_dict(meta["model_config"]))
+    model.load_state_dict(weights)
+    model.eval()
+    return model, tokenizer_from_dict(meta["tokenizer"]), meta
+
+
+def find_latest_checkpoint(root="outputs") -> Path:
+    """The most recently modified ``last.ckpt`` anywhere under ``root``."""
+    root = Path(root)
+    candidates = sorted(root.rglob("last.ckpt"), key=lambda p: p.stat().st_mtime) \
+        if root.is_dir() else []
+    if not candidates:
+        raise FileNotFoundError(
+            f"no checkpoint found: looked for last.ckpt under {root.resolve()}"
+            + ("" if root.is_dir() else " (which does not exist)")
+            + "; train one with `python train.py` or pass ckpt_path=... or pretrained=..."
+        )
+    return candidates[-1]
