@@ -1,0 +1,26 @@
+"""Data: sources -> tokens (``prepare_dataset``) -> memory-mapped batches (``TokenDataModule``).
+
+``python -m minigpt.data data=<name>`` prepares one ``configs/data/<name>.yaml`` on its own.
+Importing this package does no work; ``TokenDataModule`` (and with it Lightning) loads on first use.
+"""
+
+from minigpt.data.config import DataConfig, DataError
+from minigpt.data.prepare import (
+    check_vocab_fits,
+    dataset_dir,
+    dtype_for,
+    load_meta,
+    open_tokens,
+    prepare_dataset,
+)
+
+__all__ = ["DataConfig", "DataError", "TokenDataModule", "check_vocab_fits", "dataset_dir",
+           "dtype_for", "load_meta", "open_tokens", "prepare_dataset"]
+
+
+def __getattr__(name: str):
+    if name == "TokenDataModule":  # keeps Lightning out of `python -m minigpt.data`
+        from minigpt.data.datamodule import TokenDataModule
+
+        return TokenDataModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,226 @@
+"""``TokenDataModule``: memory-mapped token files -> (x, y) batches for Lightning.
+
+Letters: B = batch size, T = context_length. A batch is ``(x, y)``, int64 tensors of shape (B, T)
+with ``y[:, t] == x[:, t + 1]``, cut from windows of T + 1 consecutive tokens.
+
+- Training: an endless stream of random windows. Batch number ``b`` on rank ``r`` depends only on
+  ``(seed, r, b)`` (``window_starts``), so a run resumed from a checkpoint continues with exactly
+  the batches an uninterrupted run would have drawn; ranks draw different windows.
+- Validation: a fixed set of evenly spaced, non-overlapping windows (``val_tokens`` tokens' worth),
+  identical in every run, dealt out to the ranks without overlap.
+
+Both are ``IterableDataset``s yielding whole batches (one gather from the memory map per batch);
+with ``num_workers`` > 0, worker w of W produces batches w, w + W, ..., which the DataLoader
+returns in order.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from minigpt.data.config import DataConfig, DataError
+from minigpt.data.prepare import load_meta, prepare_dataset
+from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
+
+
+def window_starts(seed: int, rank: int, batch_index: int, batch_size: int, n_tokens: int,
+                  context_length: int) -> np.ndarray:
+    """Start offsets of training batch ``batch_index`` on ``rank``: ``batch_size`` uniform draws
+    from ``[0, n_tokens - context_length - 1]``, a pure function of its arguments."""
+    rng = np.random.default_rng([seed, rank, batch_index])
+    return rng.integers(0, n_tokens - context_length, size=batch_size)
+
+
+def val_window_starts(n_tokens: int, context_length: int, token_budget: int) -> np.ndarray:
+    """Evenly spaced, non-overlapping window starts covering the val split: at most
+    ``token_budget // context_length`` windows (at least one)."""
+    fit = (n_tokens - 1) // context_length
+    n = max(1, min(token_budget // context_length, fit))
+    return (np.arange(n) * (n_tokens - context_length - 1)) // max(n - 1, 1)
+
+
+class _Windows(IterableDataset):
+    """Base: the memory map is opened lazily in each worker (a pickled memmap would be a copy)."""
+
+    def __init__(self, path: Path, dtype: str, n_tokens: int, context_length: int):
+        self.path, self.dtype, self.n_tokens, self.T = path, dtype, n_tokens, context_length
+
+    def _batch(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = starts[:, None] + np.arange(self.T + 1)  # (B, T+1)
+        chunk = torch.from_numpy(tokens[idx].astype(np.int64))  # (B, T+1)
+        return chunk[:, :-1], chunk[:, 1:]  # (B, T), (B, T)
+
+    def _open(self) -> tuple[np.ndarray, int, int]:
+        info = get_worker_info()
+        tokens = np.memmap(self.path, dtype=np.dtype(self.dtype), mode="r", shape=(self.n_tokens,))
+        return tokens, (info.id if info else 0), (info.num_workers if info else 1)
+
+
+class RandomWindows(_Windows):
+    """Endless training batches ``start_batch, start_batch + 1, ...`` (see ``window_starts``)."""
+
+    def __init__(self, path, dtype, n_tokens, context_length, batch_size, seed, rank, start_batch=0):
+        super().__init__(path, dtype, n_tokens, context_length)
+        self.batch_size, self.seed, self.rank, self.start_batch = batch_size, seed, rank, start_batch
+
+    def __iter__(self):
+        tokens, worker, workers = self._open()
+        b = self.start_batch + worker
+        while True:
+            yield self._batch(tokens, window_starts(self.seed, self.rank, b, self.batch_size,
+                                                    self.n_tokens, self.T))
+            b += workers
+
+
+class FixedWindows(_Windows):
+    """Finite batches over the given window starts, in order."""
+
+    def __init__(self, path, dtype, n_tokens, context_length, starts: np.ndarray, batch_size: int):
+        super().__init__(path, dtype, n_tokens, context_length)
+        self.batches = [starts[i:i + batch_size] for i in range(0, len(starts), batch_size)]
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        tokens, worker, workers = self._open()
+        for starts in self.batches[worker::workers]:
+            yield self._batch(tokens, starts)
+
+
+class TokenDataModule(L.LightningDataModule):
+    """Prepared token files as a LightningDataModule (see the module docstring for the batches).
+
+    ``prepare_data()`` prepares the files if needed (Lightning calls it on one process per node);
+    ``setup()`` memory-maps them. ``meta``, ``tokenizer`` and ``vocab_size`` are available once the
+    files exist, before ``setup()``, so a model can be sized from them.
+    """
+
+    def __init__(self, data_cfg: Any, context_length: int, seed: int = 1337, data_root: str = "data"):
+        super().__init__()
+        self.config = DataConfig.from_any(data_cfg)
+        if not isinstance(context_length, int) or context_length < 1:
+            raise ValueError(f"context_length={context_length!r} must be a positive integer")
+        self.context_length, self.seed, self.data_root = context_length, int(seed), str(data_root)
+        self.batch_size = self.config.batch_size
+        self.directory = Path(data_root) / self.config.name
+        self.start_batch = 0  # first training batch to draw; set from checkpoints on resume
+        self._meta: dict | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._stream_start: int | None = None  # start_batch of the current training stream
+        self._progress_at_start = 0  # the trainer's processed-batch count at that point
+        self._val_starts: np.ndarray | None = None
+
+    # ---- metadata --------------------------------------------------------------------------
+
+    @property
+    def meta(self) -> dict:
+        if self._meta is None:
+            self._meta = load_meta(self.directory)
+        return self._meta
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = tokenizer_from_dict(self.meta["tokenizer"])
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.meta["vocab_size"]
+
+    # ---- Lightning hooks -------------------------------------------------------------------
+
+    def prepare_data(self) -> None:
+        self._meta = prepare_dataset(self.config, self.data_root)
+
+    def setup(self, stage: str | None = None) -> None:
+        self._meta = meta = load_meta(self.directory)  # again: another process may have prepared
+        need = self.context_length + 1
+        for split in ("train", "val"):
+            if meta[f"{split}_tokens"] < need:
+                raise DataError(
+                    f"the {split} split of {self.directory} has {meta[f'{split}_tokens']} tokens, "
+                    f"fewer than one window of context_length + 1 = {need}; use more text or a "
+                    f"smaller context_length"
+                )
+        self._val_starts = val_window_starts(meta["val_tokens"], self.context_length,
+                                             self.config.val_tokens)
+
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def _processed_batches(self) -> int:
+        """Training batches Lightning has run (restored from checkpoints, so it survives resume)."""
+        try:
+            return int(self.trainer.fit_loop.epoch_loop.batch_progress.total.processed)
+        except AttributeError:  # no trainer attached
+            return 0
+
+    def _loader(self, dataset: IterableDataset, persistent: bool) -> DataLoader:
+        device = getattr(getattr(self.trainer, "strategy", None), "root_device", None)
+        on_gpu = torch.cuda.is_available() and (device is None or device.type == "cuda")
+        workers = self.config.num_workers
+        return DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=on_gpu,
+                          persistent_workers=persistent and workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        if self._val_starts is None:
+            self.setup("fit")
+        rank, _ = self._rank_world()
+        self._stream_start = self.start_batch
+        self._progress_at_start = self._processed_batches()
+        dataset = RandomWindows(self.directory / "train.bin", self.meta["dtype"],
+                                self.meta["train_tokens"], self.context_length, self.batch_size,
+                                self.seed, rank, start_batch=self.start_batch)
+        return self._loader(dataset, persistent=False)
+
+    def val_dataloader(self) -> DataLoader:
+        if self._val_starts is None:
+            self.setup("validate")
+        rank, world = self._rank_world()
+        # every rank gets the same number of windows (collectives stay in step); the last
+        # len % world windows are left out under DDP
+        per_rank = len(self._val_starts) // world
+        if per_rank == 0:
+            raise DataError(f"{len(self._val_starts)} validation window(s) cannot be shared by "
+                            f"{world} processes; raise data.val_tokens or val_fraction")
+        starts = self._val_starts[rank::world][:per_rank]
+        dataset = FixedWindows(self.directory / "val.bin", self.meta["dtype"], self.meta["val_tokens"],
+                               self.context_length, starts,
+                               self.config.val_batch_size or self.batch_size)
+        return self._loader(dataset, persistent=True)
+
+    # ---- resumable state (stored in Lightning checkpoints) ---------------------------------
+
+    def batches_consumed(self) -> int:
+        """Index of the next training batch: the stream start plus what the trainer ran since."""
+        if self._stream_start is None:
+            return self.start_batch
+        return self._stream_start + self._processed_batches() - self._progress_at_start
+
+    def state_dict(self) -> dict:
+        meta_fp = self._meta.get("fingerprint") if self._meta else None
+        return {"batches_consumed": self.batches_consumed(), "seed": self.seed,
+                "batch_size": self.batch_size, "context_length": self.context_length,
+                "fingerprint": meta_fp}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.start_batch = int(state["batches_consumed"])
+        now = {"seed": self.seed, "batch_size": self.batch_size,
+               "context_length": self.context_length}
+        if self._meta is not None:
+            now["fingerprint"] = self._meta.get("fingerprint")
+        changed = [f"{k}: {state.get(k)} -> {v}" for k, v in now.items() if state.get(k) != v]
+        if changed:
+            warnings.warn(f"resuming with different data settings ({', '.join(changed)}): training "
+                          f"continues at batch {self.start_batch}, but not with the batches the "
+                          f"original run would have drawn", stacklevel=2)

