@@ -139,6 +139,14 @@ def split_long(text: str, max_chars: int = CHUNK_CHARS) -> list[str]:
     return pieces
 
 
+def _text(value: Any, column: str) -> str:
+    """A document's text; a missing value (None) is an empty document."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    raise DataError(f"field {column!r} holds {type(value).__name__} values, not text; set "
+                    f"data.text_field to the field holding the text")
+
+
 def _is_val_document(index: int, val_fraction: float) -> bool:
     # A golden-ratio (Weyl) sequence: deterministic, and even a few documents split close to the
     # requested fraction.
@@ -179,12 +187,7 @@ class Tokenize:
     def __call__(self, batch: dict, indices: list[int]) -> dict:
         if self._tok is None:
             self._tok = tokenizer_from_dict(self.tokenizer)
-        texts = batch[self.column]
-        for t in texts:
-            if t is not None and not isinstance(t, str):
-                raise DataError(f"field {self.column!r} holds {type(t).__name__} values, not text; set "
-                                f"data.text_field to the field holding the text")
-        ids = self._encode(["" if t is None else t for t in texts])
+        ids = self._encode([_text(t, self.column) for t in batch[self.column]])
         empty = np.empty(0, self.dtype)
         eot = np.array([self._tok.eot_id], self.dtype)
         train, val = [], []
@@ -213,9 +216,8 @@ def _char_tokenizer(cfg: DataConfig, ds, column: str) -> CharTokenizer:
                         "streaming=true set data.max_documents")
     seen: set[str] = set()
     for table in ds.select_columns([column]).with_format("arrow").iter(batch_size=MAP_BATCH_SIZE):
-        for text in table.column(column).to_pylist():
-            if isinstance(text, str):
-                seen.update(text)
+        for value in table.column(column).to_pylist():
+            seen.update(_text(value, column))
     if not seen:
         raise DataError(f"data {cfg.name!r}: the corpus is empty (no characters in {_where(cfg)})")
     return CharTokenizer(sorted(seen))
@@ -283,15 +285,14 @@ def _tokenize_and_write(cfg: DataConfig, tmp: Path, fp: str, progress: bool) -> 
                   num_threads=max(1, _cpus() // num_proc))
     kwargs = dict(batched=True, batch_size=MAP_BATCH_SIZE, with_indices=True,
                   remove_columns=ds.column_names, features=features)
-    with _progress_bars(progress):
-        if lazy:
-            tokenized = (ds if streaming else ds.to_iterable_dataset()).map(fn, **kwargs)
-            total = cfg.max_documents if streaming else len(ds)
-        else:
-            tokenized = ds.map(fn, num_proc=num_proc if num_proc > 1 else None,
-                               cache_file_name=str(tmp / "tokens.arrow"), load_from_cache_file=False,
-                               new_fingerprint=fp, desc=f"tokenizing {cfg.name}", **kwargs)
-            total = len(tokenized)
+    if lazy:
+        tokenized = (ds if streaming else ds.to_iterable_dataset()).map(fn, **kwargs)
+        total = cfg.max_documents if streaming else len(ds)
+    else:
+        tokenized = ds.map(fn, num_proc=num_proc if num_proc > 1 else None,
+                           cache_file_name=str(tmp / "tokens.arrow"), load_from_cache_file=False,
+                           new_fingerprint=fp, desc=f"tokenizing {cfg.name}", **kwargs)
+        total = len(tokenized)
 
     writers = {s: _SplitWriter(tmp / f"{s}.bin", dtype) for s in SPLITS}
     documents = 0
@@ -400,7 +401,8 @@ def prepare_dataset(data_cfg: Any, data_root: str | os.PathLike = "data", *, pro
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{cfg.name}-", dir=root))
         try:
             start = time.perf_counter()
-            tok, counts = _tokenize_and_write(cfg, tmp, fp, progress)
+            with _progress_bars(progress):
+                tok, counts = _tokenize_and_write(cfg, tmp, fp, progress)
             _check_counts(cfg, counts)
             meta = {
                 "format_version": FORMAT_VERSION,

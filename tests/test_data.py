@@ -1,0 +1,582 @@
+"""Data: Shakespeare reader, sources, preparation (exact token streams, idempotence, atomicity),
+bad input, the CLI, and the DataModule (windows, determinism, DDP shards, exact resume)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from minigpt.data import (
+    DataConfig,
+    DataError,
+    TokenDataModule,
+    check_vocab_fits,
+    load_meta,
+    open_tokens,
+    prepare_dataset,
+)
+from minigpt.data import prepare as prep
+from minigpt.data.datamodule import val_window_starts, window_starts
+from minigpt.data.shakespeare import play_to_text, read_plays
+from minigpt.tokenizer import CharTokenizer, TokenizerUnavailableError, get_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def gpt2_or_skip():
+    try:
+        return get_tokenizer("gpt2")
+    except TokenizerUnavailableError as e:
+        pytest.skip(f"GPT-2 BPE unavailable (set TIKTOKEN_CACHE_DIR): {e}")
+
+
+def files_cfg(tmp_path, paths, **kw):
+    """A small local-files config with the datasets cache kept inside tmp_path."""
+    return {"name": "tiny", "source": "files", "paths": [str(p) for p in paths], "tokenizer": "char",
+            "cache_dir": str(tmp_path / "hf"), **kw}
+
+
+def expected_stream(docs, tok, val_fraction=0.1):
+    """Independent oracle for val_split=tail: the last fraction of each document goes to val."""
+    train, val = [], []
+    for doc in docs:
+        ids = tok.encode(doc)
+        if not ids:
+            continue
+        n_val = int(len(ids) * val_fraction)
+        train += ids[: len(ids) - n_val] + [tok.eot_id]
+        val += ids[len(ids) - n_val:] + [tok.eot_id] if n_val else []
+    return np.array(train), np.array(val)
+
+
+def assert_no_leftovers(root: Path, name: str):
+    assert not (root / name).exists(), sorted(os.listdir(root))
+    assert not list(root.glob(f".tmp-{name}-*"))
+
+
+@pytest.fixture(scope="module")
+def plays():
+    return read_plays()
+
+
+@pytest.fixture(scope="module")
+def char_data(tmp_path_factory):
+    """shakespeare_char prepared once for the DataModule tests."""
+    root = tmp_path_factory.mktemp("data")
+    cfg = {"name": "shakespeare_char", "source": "shakespeare", "tokenizer": "char", "batch_size": 4,
+           "val_tokens": 2048}
+    meta = prepare_dataset(cfg, root, progress=False)
+    return cfg, root, meta
+
+
+# ---- Shakespeare reader ---------------------------------------------------------------------
+
+def test_play_markdown_becomes_plain_text():
+    md = ("# Macbeth\n\n## ACT I\n\n## SCENE I. A desert place.\n\n"
+          "_Thunder and lightning. Enter three Witches_\n\n"
+          "**First Witch**  \nWhen shall we three meet again  \nIn thunder, lightning, or in rain?\n\n"
+          "**ALL**  \n_\\[Within]_  \nFair is foul\\--and *foul* is fair:\n\n*Exeunt,\nall*\n")
+    assert play_to_text(md) == (
+        "Macbeth\n\nACT I\n\nSCENE I. A desert place.\n\n"
+        "Thunder and lightning. Enter three Witches\n\n"
+        "First Witch:\nWhen shall we three meet again\nIn thunder, lightning, or in rain?\n\n"
+        "ALL:\n[Within]\nFair is foul--and foul is fair:\n\nExeunt,\nall\n")
+
+
+def test_all_plays_are_read_as_plain_text(plays):
+    assert len(plays) == 38
+    assert [p for p, _ in plays] == sorted(p for p, _ in plays)
+    text = "".join(t for _, t in plays)
+    for markup in ("**", "_", "#", "\\", "  \n"):
+        assert markup not in text, markup
+    macbeth = dict(plays)["tragedies/macbeth.md"]
+    assert macbeth.startswith("Macbeth\n\nACT I\n")
+    assert "First Witch:\nWhen shall we three meet again\nIn thunder, lightning, or in rain?" in macbeth
+
+
+# ---- tokenization pieces --------------------------------------------------------------------
+
+def test_long_documents_split_without_changing_tokens(plays):
+    tok = gpt2_or_skip()
+    text = dict(plays)["tragedies/hamlet.md"][:60_000] + "x.\n/y  \n  z\n\nEnd"
+    pieces = prep.split_long(text, max_chars=2_000)
+    assert len(pieces) > 20 and "".join(pieces) == text
+    assert np.concatenate(tok.encode_batch(pieces, num_threads=2)).tolist() == tok.encode(text)
+
+
+def test_dtype_choice():
+    assert prep.dtype_for(50257) == np.uint16 and prep.dtype_for(65536) == np.uint16
+    assert prep.dtype_for(65537) == np.uint32 and prep.dtype_for(100277) == np.uint32
+
+
+# ---- preparation: exact streams, idempotence, re-preparation ----------------------------------
+
+def test_shakespeare_char_stream_is_exact_and_reused(char_data, plays):
+    cfg, root, meta = char_data
+    tok = CharTokenizer.from_text(t for _, t in plays)
+    train, val = expected_stream([t for _, t in plays], tok)
+    assert meta["tokenizer"] == tok.to_dict() and meta["dtype"] == "uint16"
+    assert (meta["train_tokens"], meta["val_tokens"], meta["documents"]) == (len(train), len(val), 38)
+    np.testing.assert_array_equal(open_tokens(root / "shakespeare_char", "train"), train)
+    np.testing.assert_array_equal(open_tokens(root / "shakespeare_char", "val"), val)
+    # nanoGPT's layout: a headerless native-endian uint16 stream
+    raw = np.fromfile(root / "shakespeare_char" / "train.bin", dtype=np.uint16)
+    np.testing.assert_array_equal(raw, train)
+
+    mtime = (root / "shakespeare_char" / "train.bin").stat().st_mtime_ns
+    start = time.perf_counter()
+    again = prepare_dataset(cfg, root, progress=False)
+    assert time.perf_counter() - start < 0.5
+    assert again == meta and (root / "shakespeare_char" / "train.bin").stat().st_mtime_ns == mtime
+
+
+def test_shakespeare_gpt2_matches_a_plain_tiktoken_loop(tmp_path, plays):
+    tok = gpt2_or_skip()
+    meta = prepare_dataset({"name": "sh", "source": "shakespeare", "tokenizer": "gpt2"}, tmp_path,
+                           progress=False)
+    train, val = expected_stream([t for _, t in plays], tok)
+    assert meta["vocab_size"] == 50257 and meta["dtype"] == "uint16"
+    np.testing.assert_array_equal(open_tokens(tmp_path / "sh", "train"), train)
+    np.testing.assert_array_equal(open_tokens(tmp_path / "sh", "val"), val)
+    assert meta["max_token_id"] == max(train.max(), val.max())
+
+
+def test_changed_settings_or_sources_prepare_again(tmp_path):
+    (tmp_path / "a.txt").write_text("abcdefghij" * 20)
+    cfg = files_cfg(tmp_path, [tmp_path / "a.txt"])
+    first = prepare_dataset(cfg, tmp_path / "data", progress=False)
+    assert prepare_dataset(cfg, tmp_path / "data", progress=False)["fingerprint"] == first["fingerprint"]
+    second = prepare_dataset({**cfg, "val_fraction": 0.2}, tmp_path / "data", progress=False)
+    assert second["fingerprint"] != first["fingerprint"] and second["val_tokens"] == 40 + 1
+    (tmp_path / "a.txt").write_text("klmnopqrst" * 20)
+    third = prepare_dataset({**cfg, "val_fraction": 0.2}, tmp_path / "data", progress=False)
+    assert third["fingerprint"] != second["fingerprint"]
+    assert CharTokenizer.from_text("klmnopqrst").to_dict() == third["tokenizer"]
+    # settings that do not change the tokens (batching, workers) reuse the files
+    fourth = prepare_dataset({**cfg, "val_fraction": 0.2, "batch_size": 7, "num_workers": 3},
+                             tmp_path / "data", progress=False)
+    assert fourth == third
+
+
+def test_runtime_settings_do_not_change_tokens(tmp_path):
+    docs = [f"document number {i} " * (i + 1) for i in range(30)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    base = files_cfg(tmp_path, [tmp_path / "d.jsonl"], val_split="document", val_fraction=0.2)
+    a = prepare_dataset({**base, "name": "a"}, tmp_path / "data", progress=False)
+    b = prepare_dataset({**base, "name": "b", "num_proc": 2}, tmp_path / "data", progress=False)
+    assert b["fingerprint"] == a["fingerprint"]  # num_proc is not a [prepare] setting
+    for split in ("train", "val"):
+        np.testing.assert_array_equal(open_tokens(tmp_path / "data" / "a", split),
+                                      open_tokens(tmp_path / "data" / "b", split))
+    golden = (5 ** 0.5 - 1) / 2
+    n_val = sum(((i + 1) * golden) % 1 < 0.2 for i in range(30))
+    assert (a["val_documents"], a["train_documents"]) == (n_val, 30 - n_val)
+    assert 4 <= n_val <= 8
+
+
+# ---- sources --------------------------------------------------------------------------------
+
+def test_text_files_by_glob_one_document_per_file_or_line(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "1.txt").write_text("first file\nline two\n")
+    (tmp_path / "corpus" / "2.txt").write_text("second file\n")
+    per_file = prepare_dataset(files_cfg(tmp_path, [tmp_path / "corpus" / "*.txt"]),
+                               tmp_path / "data", progress=False)
+    tok = CharTokenizer(per_file["tokenizer"]["chars"])
+    train, _ = expected_stream(["first file\nline two\n", "second file\n"], tok)
+    assert per_file["documents"] == 2
+    np.testing.assert_array_equal(open_tokens(tmp_path / "data" / "tiny", "train"), train)
+
+    per_line = prepare_dataset(files_cfg(tmp_path, [tmp_path / "corpus" / "*.txt"], name="lines",
+                                         sample_by="line", val_split="document", val_fraction=0.5),
+                               tmp_path / "data", progress=False)
+    assert per_line["documents"] == 3
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_json_and_parquet_with_a_text_field(tmp_path, fmt):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = ["alpha beta gamma", "delta epsilon", "zeta eta theta iota"]
+    path = tmp_path / f"docs.{fmt}"
+    rows = [{"id": i, "body": d} for i, d in enumerate(docs)]
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    meta = prepare_dataset(files_cfg(tmp_path, [path], text_field="body"), tmp_path / "data",
+                           progress=False)
+    tok = CharTokenizer(meta["tokenizer"]["chars"])
+    train, val = expected_stream(docs, tok)
+    np.testing.assert_array_equal(open_tokens(tmp_path / "data" / "tiny", "train"), train)
+    np.testing.assert_array_equal(open_tokens(tmp_path / "data" / "tiny", "val"), val)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_hub_path_through_load_dataset_with_caps(tmp_path, streaming):
+    """The hub source's own code path, on a local jsonl file (datasets.load_dataset("json", ...))."""
+    docs = [f"doc {i}: " + "word " * 10 for i in range(50)]
+    (tmp_path / "hub.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    cfg = {"name": "hub", "source": "hub", "hub_name": "json", "data_files": str(tmp_path / "hub.jsonl"),
+           "streaming": streaming, "tokenizer": "char", "max_documents": 20,
+           "cache_dir": str(tmp_path / "hf")}
+    meta = prepare_dataset(cfg, tmp_path / "data", progress=False)
+    assert meta["documents"] == 20
+    tok = CharTokenizer(meta["tokenizer"]["chars"])
+    train, _ = expected_stream(docs[:20], tok)
+    np.testing.assert_array_equal(open_tokens(tmp_path / "data" / "hub", "train"), train)
+
+    # a token cap stops after the document that reaches it
+    per_doc = len(docs[0]) + 2  # characters + an eot in each split
+    capped = prepare_dataset({**cfg, "name": "capped", "max_tokens": 5 * per_doc - 3}, tmp_path / "data",
+                             progress=False)
+    assert capped["documents"] == 5
+    assert capped["train_tokens"] + capped["val_tokens"] == 5 * per_doc
+
+
+# ---- bad input: one line, naming the value and the fix; nothing half-written -------------------
+
+def one_line(excinfo) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message, message
+    return message
+
+
+def test_missing_file_and_empty_glob(tmp_path):
+    root = tmp_path / "data"
+    with pytest.raises(FileNotFoundError, match="no such file .*nope.txt") as e:
+        prepare_dataset(files_cfg(tmp_path, [tmp_path / "nope.txt"]), root, progress=False)
+    one_line(e)
+    with pytest.raises(FileNotFoundError, match=r"'.*\*\.jsonl' matches no files") as e:
+        prepare_dataset(files_cfg(tmp_path, [tmp_path / "*.jsonl"]), root, progress=False)
+    one_line(e)
+    assert not root.exists() or not list(root.iterdir())
+
+
+def test_empty_corpus(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    root = tmp_path / "data"
+    for tokenizer in ("char", "gpt2"):
+        if tokenizer == "gpt2":
+            gpt2_or_skip()
+        with pytest.raises(DataError, match="corpus is empty") as e:
+            prepare_dataset(files_cfg(tmp_path, [tmp_path / "empty.txt"], tokenizer=tokenizer), root,
+                            progress=False)
+        one_line(e)
+        assert_no_leftovers(root, "tiny")
+
+
+def test_json_without_the_text_field(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"title": "a", "body": "text here"}\n')
+    root = tmp_path / "data"
+    with pytest.raises(DataError, match=r"no field 'text' \(fields: title, body\); set data.text_field") as e:
+        prepare_dataset(files_cfg(tmp_path, [tmp_path / "d.jsonl"]), root, progress=False)
+    one_line(e)
+    assert_no_leftovers(root, "tiny")
+
+
+def test_text_field_that_is_not_text(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"text": [1, 2]}\n')
+    with pytest.raises(DataError, match="holds list values, not text") as e:
+        prepare_dataset(files_cfg(tmp_path, [tmp_path / "d.jsonl"]), tmp_path / "data", progress=False)
+    one_line(e)
+    assert_no_leftovers(tmp_path / "data", "tiny")
+
+
+def test_corpus_shorter_than_one_window(tmp_path):
+    (tmp_path / "short.txt").write_text("tiny corpus")  # 11 chars: 10 + eot train, 1 + eot val
+    cfg = files_cfg(tmp_path, [tmp_path / "short.txt"])
+    prepare_dataset(cfg, tmp_path / "data", progress=False)
+    dm = TokenDataModule(cfg, context_length=64, data_root=tmp_path / "data")
+    with pytest.raises(DataError, match=r"has 11 tokens, fewer than one window of context_length \+ "
+                                        r"1 = 65") as e:
+        dm.setup("fit")
+    one_line(e)
+
+
+def test_vocabulary_must_fit_the_model(char_data):
+    _, _, meta = char_data
+    check_vocab_fits(meta, meta["vocab_size"])
+    check_vocab_fits(meta, 128)
+    with pytest.raises(ValueError, match=f"ids up to {meta['vocab_size'] - 1} .*vocab_size=50; set "
+                                         f"model.vocab_size >= {meta['vocab_size']}") as e:
+        check_vocab_fits(meta, 50)
+    one_line(e)
+
+
+def test_truncated_bin_is_detected_and_prepare_repairs_it(tmp_path):
+    (tmp_path / "a.txt").write_text("some text to prepare " * 10)
+    cfg = files_cfg(tmp_path, [tmp_path / "a.txt"])
+    meta = prepare_dataset(cfg, tmp_path / "data", progress=False)
+    directory = tmp_path / "data" / "tiny"
+    with open(directory / "train.bin", "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(DataError, match="train.bin has 10 bytes but meta.json records .* truncated") as e:
+        load_meta(directory)
+    one_line(e)
+    with pytest.raises(DataError, match="truncated"):
+        TokenDataModule(cfg, context_length=8, data_root=tmp_path / "data").setup("fit")
+    assert prepare_dataset(cfg, tmp_path / "data", progress=False) == {**meta, "seconds": pytest.approx(
+        meta["seconds"], abs=10)}
+    assert load_meta(directory)["train_tokens"] == meta["train_tokens"]
+
+
+def test_missing_prepared_data_says_how_to_prepare(tmp_path):
+    with pytest.raises(DataError, match="meta.json is missing.*python -m minigpt.data data=nothing"):
+        load_meta(tmp_path / "nothing")
+
+
+def test_bad_config_values_are_reported_together():
+    with pytest.raises(DataError, match=r"val_fraction=2 must be in \(0, 1\); num_proc=0 must") as e:
+        DataConfig(name="x", val_fraction=2, num_proc=0)
+    one_line(e)
+    with pytest.raises(DataError, match=r"unknown data config field\(s\) \['val_fractoin'\]"):
+        DataConfig.from_any({"name": "x", "val_fractoin": 0.1})
+    with pytest.raises(DataError, match="source=files needs paths"):
+        DataConfig(name="x", source="files")
+    with pytest.raises(DataError, match="tokenizer='bpe'"):
+        DataConfig(name="x", tokenizer="bpe")
+
+
+def test_empty_val_split_names_the_fix(tmp_path):
+    (tmp_path / "one.txt").write_text("a single document, so no whole document is held out")
+    cfg = files_cfg(tmp_path, [tmp_path / "one.txt"], val_split="document")
+    with pytest.raises(DataError, match="the val split is empty .* use val_split=tail") as e:
+        prepare_dataset(cfg, tmp_path / "data", progress=False)
+    one_line(e)
+    assert_no_leftovers(tmp_path / "data", "tiny")
+
+
+# ---- atomicity --------------------------------------------------------------------------------
+
+def test_interrupted_preparation_keeps_the_previous_dataset(tmp_path, monkeypatch):
+    (tmp_path / "a.txt").write_text("the quick brown fox " * 20)
+    cfg = files_cfg(tmp_path, [tmp_path / "a.txt"])
+    root = tmp_path / "data"
+    old = prepare_dataset(cfg, root, progress=False)
+
+    def interrupted(self, column):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prep._SplitWriter, "write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_dataset({**cfg, "val_fraction": 0.3}, root, progress=False)
+    assert load_meta(root / "tiny") == old  # untouched and still complete
+    assert not list(root.glob(".tmp-*"))
+
+
+KILLED_SCRIPT = """
+import sys, time
+from minigpt.data import prepare as prep
+write = prep._SplitWriter.write
+def slow(self, column):
+    write(self, column)
+    print("WROTE", flush=True)
+    time.sleep(60)
+prep._SplitWriter.write = slow
+prep.prepare_dataset({"name": "tiny", "source": "files", "paths": [sys.argv[1]], "tokenizer": "char",
+                      "val_fraction": 0.3, "cache_dir": sys.argv[3]}, sys.argv[2], progress=False)
+"""
+
+
+def test_kill_minus_9_never_leaves_files_taken_as_complete(tmp_path):
+    (tmp_path / "a.txt").write_text("the quick brown fox " * 20)
+    cfg = files_cfg(tmp_path, [tmp_path / "a.txt"])
+    root = tmp_path / "data"
+    old = prepare_dataset(cfg, root, progress=False)
+
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, str(tmp_path / "a.txt"), str(root),
+                             str(tmp_path / "hf")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "WROTE"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert list(root.glob(".tmp-tiny-*"))  # the killed run's scratch files ...
+    assert load_meta(root / "tiny") == old  # ... are not taken for the dataset
+    new = prepare_dataset({**cfg, "val_fraction": 0.3}, root, progress=False)
+    assert new["fingerprint"] != old["fingerprint"] and not list(root.glob(".tmp-tiny-*"))
+
+
+# ---- the command line -------------------------------------------------------------------------
+
+def run_cli(*args, cwd):
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([sys.executable, "-m", "minigpt.data", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_prepares_without_littering(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "in.txt").write_text("hello hydra " * 30)
+    args = ["data=local_files", f"data.paths=[{work / 'in.txt'}]", "data.tokenizer=char",
+            f"data.cache_dir={tmp_path / 'hf'}", f"data_root={tmp_path / 'data'}"]
+    result = run_cli(*args, cwd=work)
+    assert result.returncode == 0, result.stderr
+    assert "local_files: 325 train + 37 val tokens" in result.stdout
+    assert sorted(os.listdir(work)) == ["in.txt"]  # no outputs/, .hydra/ or log files
+    assert load_meta(tmp_path / "data" / "local_files")["train_tokens"] == 325
+
+    bad = run_cli("data=local_files", "data.paths=[missing.txt]", f"data_root={tmp_path / 'data'}",
+                  cwd=work)
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines() == [
+        f"error: data.paths: no such file 'missing.txt' (cwd: {work})"]
+
+
+def test_cli_default_is_shakespeare_char_config():
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+        cfg = compose(config_name="prepare")
+        assert cfg.data.name == "shakespeare_char" and cfg.data_root == "data"
+        for name in ("shakespeare", "shakespeare_char", "openwebtext", "fineweb_edu", "local_files"):
+            data = compose(config_name="prepare", overrides=[f"data={name}"]).data
+            assert DataConfig.from_any(data).name == name  # every shipped config validates
+    for yaml in (REPO / "configs" / "data").glob("*.yaml"):
+        assert yaml.read_text().startswith("# "), f"{yaml.name} needs a header comment"
+
+
+# ---- DataModule -------------------------------------------------------------------------------
+
+def fake_trainer(rank, world):
+    return SimpleNamespace(global_rank=rank, world_size=world)
+
+
+def take(loader, n):
+    it = iter(loader)
+    return [next(it) for _ in range(n)]
+
+
+def test_window_functions():
+    a = window_starts(1, 0, 5, 8, 1000, 16)
+    np.testing.assert_array_equal(a, window_starts(1, 0, 5, 8, 1000, 16))
+    assert not np.array_equal(a, window_starts(1, 1, 5, 8, 1000, 16))
+    assert not np.array_equal(a, window_starts(1, 0, 6, 8, 1000, 16))
+    big = window_starts(0, 0, 0, 10_000, 100, 16)
+    assert big.min() == 0 and big.max() == 100 - 16 - 1
+    starts = val_window_starts(1000, 16, 160)
+    assert len(starts) == 10 and starts[0] == 0 and starts[-1] == 1000 - 17
+    assert np.diff(starts).min() >= 16
+    assert len(val_window_starts(100, 16, 10**6)) == (100 - 1) // 16
+
+
+def test_batches_are_shifted_windows_of_the_token_file(char_data):
+    cfg, root, meta = char_data
+    dm = TokenDataModule(cfg, context_length=16, seed=7, data_root=root)
+    assert dm.vocab_size == meta["vocab_size"] and dm.tokenizer.vocab_size == meta["vocab_size"]
+    dm.prepare_data()
+    dm.setup("fit")
+    tokens = open_tokens(root / "shakespeare_char", "train")
+    for b, (x, y) in enumerate(take(dm.train_dataloader(), 3)):
+        assert x.shape == y.shape == (4, 16) and x.dtype == y.dtype == torch.int64
+        for row, start in enumerate(window_starts(7, 0, b, 4, len(tokens), 16)):
+            np.testing.assert_array_equal(x[row].numpy(), tokens[start:start + 16])
+            np.testing.assert_array_equal(y[row].numpy(), tokens[start + 1:start + 17])
+
+
+def test_training_stream_depends_on_seed_rank_and_not_on_workers(char_data):
+    cfg, root, _ = char_data
+
+    def first(seed=1, rank=0, workers=0, n=4):
+        dm = TokenDataModule({**cfg, "num_workers": workers}, context_length=8, seed=seed, data_root=root)
+        dm.trainer = fake_trainer(rank, 2)
+        dm.setup("fit")
+        return torch.stack([x for x, _ in take(dm.train_dataloader(), n)])
+
+    base = first()
+    torch.testing.assert_close(base, first())
+    torch.testing.assert_close(base, first(workers=2))  # workers interleave back into order
+    assert not torch.equal(base, first(seed=2))
+    assert not torch.equal(base, first(rank=1))
+
+
+def test_validation_windows_are_fixed_and_sharded_without_overlap(char_data):
+    cfg, root, meta = char_data
+    T = 16
+    everything = val_window_starts(meta["val_tokens"], T, cfg["val_tokens"])
+    assert len(everything) == 2048 // T
+
+    def windows(rank, world):
+        dm = TokenDataModule(cfg, context_length=T, data_root=root)
+        dm.trainer = fake_trainer(rank, world)
+        dm.setup("validate")
+        loader = dm.val_dataloader()
+        xs = torch.cat([x for x, _ in loader])
+        assert len(loader) == -(-len(xs) // cfg["batch_size"])
+        return {tuple(row.tolist()) for row in xs}, len(xs)
+
+    single, n = windows(0, 1)
+    assert n == len(everything) and single == windows(0, 1)[0]
+    r0, n0 = windows(0, 3)
+    r1, n1 = windows(1, 3)
+    r2, n2 = windows(2, 3)
+    assert n0 == n1 == n2 == len(everything) // 3
+    assert not (r0 & r1) and not (r1 & r2) and not (r0 & r2)
+    assert r0 | r1 | r2 <= single
+
+
+class Recorder:
+    """A minimal LightningModule that records the batches it trains on."""
+
+    @staticmethod
+    def make(vocab_size):
+        import lightning as L
+
+        class _Recorder(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.emb = torch.nn.Embedding(vocab_size, 4)
+                self.seen = []
+
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                self.seen.append(x.clone())
+                return (self.emb(x) - self.emb(y)).pow(2).mean()
+
+            def validation_step(self, batch, batch_idx):
+                x, y = batch
+                self.log("val/loss", (self.emb(x) - self.emb(y)).pow(2).mean())
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        return _Recorder()
+
+
+def test_resume_continues_with_the_exact_batches(char_data, tmp_path):
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    cfg, root, meta = char_data
+
+    def fit(ckpt_path=None, callbacks=()):
+        dm = TokenDataModule(cfg, context_length=8, seed=3, data_root=root)
+        model = Recorder.make(dm.vocab_size)
+        trainer = L.Trainer(max_steps=6, accumulate_grad_batches=2, val_check_interval=5,
+                            limit_val_batches=2, num_sanity_val_steps=0, accelerator="cpu",
+                            devices=1, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, enable_checkpointing=bool(callbacks),
+                            callbacks=list(callbacks))
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+        return model.seen
+
+    every_2 = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=2, save_top_k=-1)
+    straight = fit(callbacks=[every_2])
+    assert len(straight) == 12  # 6 optimizer steps x 2 accumulated batches
+    ckpt = torch.load(tmp_path / "step=2.ckpt", weights_only=True)
+    assert ckpt["TokenDataModule"]["batches_consumed"] == 4
+    resumed = fit(ckpt_path=tmp_path / "step=2.ckpt")
+    assert len(resumed) == 8
+    for a, b in zip(straight[4:], resumed, strict=True):
+        torch.testing.assert_close(a, b)
