@@ -198,20 +198,22 @@ def test_csv_log_merges_versions_and_places_val_rows_by_tokens(tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / ".hydra").mkdir(parents=True)
     train = [{"step": s, "epoch": 0, "train/loss": 4.0 - 0.1 * s, "lr": 1e-3,
-              "train/tokens_seen": 512 * (s + 1)} for s in range(0, 10, 2)]
+              "tokens": 512 * (s + 1)} for s in range(0, 10, 2)]
     write_csv_log(run_dir / "logs/version_0/metrics.csv", train + [{"step": 5, "val/loss": 3.7}])
     # a resume logged into version_10 (sorted after version_0 numerically) repeats step 8
     write_csv_log(run_dir / "logs/version_10/metrics.csv",
-                  [{"step": 8, "train/loss": 3.0, "train/tokens_seen": 4608},
-                   {"step": 10, "train/loss": 2.9, "train/tokens_seen": 5632},
-                   {"step": 10, "val/loss": 3.1}])
+                  [{"step": 8, "train/loss": 3.0, "tokens": 4608},
+                   {"step": 10, "train/loss": 2.9, "tokens": 5632},
+                   {"step": 10, "val/loss": 3.1},
+                   {"step": 12, "val/loss": 3.0}])  # after the last step that logged tokens
     run = load_run(run_dir)
     steps, loss = run.metrics["train/loss"]
     assert steps.tolist() == [0, 2, 4, 6, 8, 10]
     assert loss[-2:].tolist() == [3.0, 2.9]  # the resumed value wins
     val_steps, val = run.get(VAL_LOSS)
-    assert val.tolist() == [3.7, 3.1]
-    assert run.tokens_at(val_steps).tolist() == [3072, 5632]  # interpolated between steps 4, 6
+    assert val.tolist() == [3.7, 3.1, 3.0]
+    # interpolated between steps 4 and 6; then extended at the last 512 tokens per step
+    assert run.tokens_at(val_steps).tolist() == [3072, 5632, 6656]
     assert "epoch" not in run.metrics
 
 
@@ -240,7 +242,7 @@ def test_wandb_offline_run_file_is_read(tmp_path, monkeypatch):
     n = 600
     for step in range(n):  # as Lightning's WandbLogger logs: trainer/global_step in each call
         run.log({"train/loss": 5.0 - step / n, "lr": 1e-3 * step / n,
-                 "train/tokens_seen": 256 * (step + 1), "trainer/global_step": step})
+                 "tokens": 256 * (step + 1), "trainer/global_step": step})
         if step % 100 == 99:
             run.log({"val/loss": 5.0 - step / n + 0.1, "trainer/global_step": step})
     run.finish()
@@ -251,7 +253,7 @@ def test_wandb_offline_run_file_is_read(tmp_path, monkeypatch):
     assert steps.tolist() == list(range(n))
     torch.testing.assert_close(torch.tensor(loss), 5.0 - torch.arange(n, dtype=torch.float64) / n)
     assert loaded.metrics["val/loss"][0].tolist() == [99, 199, 299, 399, 499, 599]
-    assert loaded.metrics["train/tokens_seen"][1][-1] == 256 * n
+    assert loaded.metrics["tokens"][1][-1] == 256 * n
 
 
 def test_not_a_wandb_file_is_a_clear_error(tmp_path):
@@ -270,8 +272,8 @@ def test_runs_cli_draws_several_runs_on_one_png(tmp_path, capsys):
 
     dirs = []
     for i, lr in enumerate((1e-3, 3e-4)):
-        rows = [{"step": s, "train/loss": 4.0 - lr * 100 * s, "lr": lr, "train/tokens_seen": 64 * s,
-                 "train/tokens_per_sec": 1000.0 + s} for s in range(1, 20)]
+        rows = [{"step": s, "train/loss": 4.0 - lr * 100 * s, "lr": lr, "tokens": 64 * s,
+                 "tokens_per_s": 1000.0 + s} for s in range(1, 20)]
         write_csv_log(tmp_path / f"run{i}/metrics.csv", rows + [{"step": 19, "val/loss": 3.5}])
         dirs.append(str(tmp_path / f"run{i}"))
     out = tmp_path / "runs.png"

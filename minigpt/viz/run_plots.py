@@ -25,12 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-# The names minigpt.lit logs (first match wins); the later ones cover older or hand-made logs.
-TOKENS = ("train/tokens_seen", "tokens_seen", "tokens")
+# The names minigpt.lit logs come first (first match wins); the others cover hand-made logs.
+TOKENS = ("tokens", "train/tokens", "tokens_seen")
 TRAIN_LOSS = ("train/loss",)
 VAL_LOSS = ("val/loss",)
 LR = ("lr", "train/lr")
-TOKENS_PER_SEC = ("train/tokens_per_sec", "tokens_per_sec", "train/tokens_per_s")
+TOKENS_PER_SEC = ("tokens_per_s", "train/tokens_per_s", "tokens_per_sec")
 STEP_KEYS = ("step", "trainer/global_step", "_step")  # CSVLogger, WandbLogger, wandb itself
 
 FIGSIZE = (16.0, 4.8)  # inches; three panels side by side
@@ -53,12 +53,21 @@ class Run:
         return None
 
     def tokens_at(self, steps: np.ndarray) -> np.ndarray | None:
-        """Tokens seen at ``steps``, interpolated between the steps where they were logged
-        (validation rows do not carry them); None if the run never logged tokens seen."""
-        tokens = self.get(TOKENS)
-        if tokens is None:
+        """Tokens seen at ``steps``: interpolated between the steps where they were logged
+        (validation rows do not carry them, and training logs every few steps), extended
+        linearly past either end; None if the run never logged tokens seen."""
+        series = self.get(TOKENS)
+        if series is None:
             return None
-        return np.interp(steps, tokens[0], tokens[1])
+        s, t = series
+        x = np.interp(steps, s, t)
+        if len(s) > 1:
+            first = (t[1] - t[0]) / (s[1] - s[0])
+            last = (t[-1] - t[-2]) / (s[-1] - s[-2])
+        else:  # one point: tokens proportional to steps
+            first = last = t[0] / s[0] if s[0] else 0.0
+        x = np.where(steps > s[-1], t[-1] + last * (steps - s[-1]), x)
+        return np.where(steps < s[0], t[0] + first * (steps - s[0]), x)
 
 
 def find_logs(run_dir: str | Path) -> list[Path]:
