@@ -1,0 +1,140 @@
+"""Lightning glue that is not the model's business: atomic checkpoint files, a checkpoint on
+Ctrl-C / SIGTERM, and a text sample at each validation."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from minigpt.sampling import generate
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes ``path.tmp`` next to the target, fsyncs, then ``os.replace``s it into place.
+
+    Lightning's own writer goes through an fsspec transaction whose temporary file lives in the
+    system temp dir; when that is another filesystem the final move is a copy into the target, so
+    a crash mid-copy leaves a truncated ``last.ckpt``. A rename within one directory cannot."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+class CheckpointOnInterrupt(L.Callback):
+    """SIGTERM (what schedulers send) or a first Ctrl-C: finish the current step, save
+    ``last.ckpt``, exit. A second Ctrl-C aborts at once.
+
+    SIGTERM is Lightning's own handling (``trainer.received_sigterm``: all ranks stop at the same
+    step boundary and raise ``SIGTERMException``); Ctrl-C is routed into it by re-sending SIGTERM
+    to this process, so both leave a consistent checkpoint. Other exceptions (crashes) save
+    nothing, so a bad state never replaces the last good checkpoint."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.signal_name: str | None = None
+        self._previous_sigint = None
+
+    def on_train_start(self, trainer, pl_module):
+        try:
+            self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+        except ValueError:  # not the main thread (e.g. a notebook worker): keep the default
+            self._previous_sigint = None
+
+    def _on_sigint(self, signum, frame):
+        self.signal_name = "Ctrl-C"
+        rank_zero_info("\nCtrl-C: saving a checkpoint after this step (Ctrl-C again to abort)")
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _restore(self):
+        if self._previous_sigint is not None:
+            signal.signal(signal.SIGINT, self._previous_sigint)
+            self._previous_sigint = None
+
+    def on_train_end(self, trainer, pl_module):
+        self._restore()
+
+    def on_exception(self, trainer, pl_module, exception):
+        self._restore()
+        if not isinstance(exception, SIGTERMException) or trainer.sanity_checking:
+            return
+        self.signal_name = self.signal_name or "SIGTERM"
+        if trainer.global_step == 0:
+            rank_zero_info(f"{self.signal_name} before the first step: no checkpoint written")
+            return
+        trainer.save_checkpoint(self.path)
+        rank_zero_info(f"{self.signal_name}: saved {self.path} at step {trainer.global_step}; "
+                       f"resume with `python train.py ckpt_path={self.path}`")
+
+
+class SampleText(L.Callback):
+    """Generates a short sample from ``prompt`` after each validation, prints it, appends it to
+    ``samples.txt`` and logs it (a growing table on wandb, text on other loggers).
+
+    Runs on every rank with the same seed (sharded models need all ranks in the forward pass),
+    with its own generator so the training RNG streams are untouched."""
+
+    def __init__(self, tokenizer, path: str | Path, prompt: str = "\n", max_new_tokens: int = 200,
+                 temperature: float = 0.8, top_k: int | None = None, seed: int = 0):
+        self.tokenizer, self.path = tokenizer, Path(path)
+        self.prompt, self.max_new_tokens = prompt, max_new_tokens
+        self.temperature, self.top_k, self.seed = temperature, top_k, seed
+        self.rows: list[list] = []
+        self._failed = False
+
+    def _prompt_ids(self) -> list[int]:
+        ids = self.tokenizer.encode(self.prompt) if self.prompt else []
+        return ids or [self.tokenizer.eot_id]
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking or self._failed or self.max_new_tokens <= 0:
+            return
+        model = pl_module.model
+        was_training = model.training
+        model.eval()
+        try:
+            generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
+            idx = torch.tensor([self._prompt_ids()], device=pl_module.device)  # (1, T)
+            idx = idx[:, -model.config.context_length:]
+            out = generate(model, idx, self.max_new_tokens, temperature=self.temperature,
+                           top_k=self.top_k, generator=generator,
+                           vocab_size=self.tokenizer.vocab_size)
+            text = self.tokenizer.decode(out[0].tolist())
+        except Exception as e:  # a sample is a nicety: never let it stop training
+            self._failed = True
+            rank_zero_warn(f"sampling failed, samples are off for this run: {type(e).__name__}: {e}")
+            return
+        finally:
+            model.train(was_training)
+        if not trainer.is_global_zero:
+            return
+        step = trainer.global_step
+        rank_zero_info(f"\n--- sample at step {step} ---\n{text}\n---")
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(f"--- step {step} ---\n{text}\n")
+        self.rows.append([step, text])
+        for logger in trainer.loggers:
+            if hasattr(logger, "log_table"):  # WandbLogger
+                logger.log_table(key="samples", columns=["step", "text"], data=self.rows, step=step)
+            elif hasattr(logger, "log_text"):
+                logger.log_text(key="samples", columns=["step", "text"], data=[[step, text]],
+                                step=step)

@@ -1,0 +1,24 @@
+"""Train a GPT: ``python train.py [group=choice ...] [key=value ...]`` (see configs/train.yaml).
+
+A thin Hydra entry point; the work is ``minigpt.runner.run``."""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+
+@hydra.main(config_path="configs", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from minigpt.checkpoint import CheckpointError
+    from minigpt.data import DataError
+    from minigpt.runner import ConfigError, run
+
+    try:
+        run(cfg)
+    except (ConfigError, DataError, CheckpointError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")  # one clear line, no traceback: the input was wrong
+
+
+if __name__ == "__main__":
+    main()
