@@ -181,7 +181,9 @@ class MultiHeadAttention(nn.Module):
         self._check_inputs(x, key_padding_mask, kv_cache)
         B, T, _ = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_dim)  # (B, T, 3, nh, hd)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hd)
+        # Unbind the (3) axis in place, then transpose: in backward the three gradients are
+        # stacked straight into qkv's contiguous layout (permuting first costs one more copy).
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # 3 x (B, nh, T, hd)
         return q, k, v
 
     def _check_inputs(self, x: Tensor, key_padding_mask: Tensor | None, kv_cache: KVCache | None):

@@ -1,0 +1,192 @@
+"""Fused MultiHeadAttention vs the book's unfused one: forward + backward time and peak memory.
+
+    python bench/attention.py                 # both shapes, all cores, prints a table
+    python bench/attention.py --threads 1 --repeats 20
+
+Timing: both variants are built in this process and timed interleaved (book, fused, book, ...)
+after warm-up, so machine noise hits both alike; the median of ``--repeats`` steps is reported.
+Peak memory: each (shape, variant) runs again in its own fresh subprocess (``--measure-memory``),
+see ``measure_memory``. Float32, training mode, dropout 0 (as both would train), one step is
+``y = attn(x); y.backward(grad)`` with gradients for the input and all weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from minigpt.attention import MultiHeadAttention  # noqa: E402
+
+SHAPES = {  # name -> (batch, tokens, d_model, heads)
+    "8x256x384/6": (8, 256, 384, 6),
+    "1x1024x768/12": (1, 1024, 768, 12),
+}
+
+
+class BookMultiHeadAttention(nn.Module):
+    """The book's chapter-3 layout: three projections, a materialized T x T mask buffer, the
+    softmax over explicit scores."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        self.d_out, self.num_heads, self.head_dim = d_out, num_heads, d_out // num_heads
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer(
+            "mask", torch.triu(torch.ones(context_length, context_length), diagonal=1)
+        )
+
+    def forward(self, x):
+        b, num_tokens, _ = x.shape
+        keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
+        keys = keys.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        queries = queries.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        values = values.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        attn_scores = queries @ keys.transpose(2, 3)  # (b, nh, T, T)
+        mask_bool = self.mask.bool()[:num_tokens, :num_tokens]
+        attn_scores.masked_fill_(mask_bool, -torch.inf)
+        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
+        attn_weights = self.dropout(attn_weights)
+        context = (attn_weights @ values).transpose(1, 2)
+        context = context.contiguous().view(b, num_tokens, self.d_out)
+        return self.out_proj(context)
+
+
+def build(variant: str, shape: str, seed: int = 0):
+    """The module (train mode, dropout 0), an input that needs a gradient and an output grad."""
+    B, T, C, nh = SHAPES[shape]
+    torch.manual_seed(seed)
+    book = BookMultiHeadAttention(C, C, T, 0.0, nh).train()
+    module = book
+    if variant == "fused":
+        module = MultiHeadAttention(C, C, T, 0.0, nh).train()
+        module.load_state_dict(book.state_dict())  # the same weights, fused
+    data = torch.Generator().manual_seed(seed + 1)  # the same inputs for both variants
+    x = torch.randn(B, T, C, generator=data).requires_grad_()
+    grad = torch.randn(B, T, C, generator=data)
+    return module, x, grad
+
+
+def step(module, x, grad) -> None:
+    module.zero_grad(set_to_none=True)
+    x.grad = None
+    module(x).backward(grad)
+
+
+def check_equal(shape: str) -> float:
+    """Max abs difference of the two variants' outputs and input gradients (same weights)."""
+    diffs = []
+    outs = {}
+    for variant in ("book", "fused"):
+        module, x, grad = build(variant, shape)
+        y = module(x)
+        y.backward(grad)
+        outs[variant] = (y.detach(), x.grad)
+    for a, b in zip(outs["book"], outs["fused"], strict=True):
+        diffs.append((a - b).abs().max().item())
+    return max(diffs)
+
+
+def time_shapes(shape: str, warmup: int, repeats: int) -> dict[str, float]:
+    """Median seconds per forward + backward step, variants interleaved."""
+    runs = {v: build(v, shape) for v in ("book", "fused")}
+    times: dict[str, list[float]] = {v: [] for v in runs}
+    for i in range(warmup + repeats):
+        for variant, (module, x, grad) in runs.items():
+            start = time.perf_counter()
+            step(module, x, grad)
+            if i >= warmup:
+                times[variant].append(time.perf_counter() - start)
+    return {v: statistics.median(t) for v, t in times.items()}
+
+
+def _rss_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def measure_memory(variant: str, shape: str) -> float:
+    """Peak extra resident memory (MiB) of one forward + backward step, in this (fresh) process.
+
+    Torch's CPU tensors come from malloc, which tracemalloc does not see, and freed memory may
+    stay resident in malloc's heap, hiding later peaks. So the parent starts this process with
+    ``MALLOC_MMAP_THRESHOLD_`` fixed at 64 KiB: every tensor above that is its own mmap, returned
+    to the OS when freed, and resident memory follows live tensors. After a warm-up step (lazy
+    initialization, kernel scratch) and with the gradients freed, we take the resident set size
+    as the baseline, reset the kernel's high-water mark (writing 5 to /proc/self/clear_refs, Linux
+    >= 4.0), run one step and read the high-water mark ``VmHWM``: peak minus baseline is what the
+    step needed on top of the weights and the input (activations saved for backward, scores,
+    gradients).
+    """
+    module, x, grad = build(variant, shape)
+    step(module, x, grad)
+    module.zero_grad(set_to_none=True)
+    x.grad = None
+    baseline = _rss_kib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
+    step(module, x, grad)
+    return (_rss_kib("VmHWM") - baseline) / 1024
+
+
+def memory_in_subprocess(variant: str, shape: str, threads: int) -> float:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)}
+    out = subprocess.run(
+        [sys.executable, __file__, "--measure-memory", variant, "--shape", shape,
+         "--threads", str(threads)],
+        env=env, capture_output=True, text=True, check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=os.cpu_count(),
+                        help="torch.set_num_threads (default: all cores)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--shape", choices=list(SHAPES), action="append",
+                        help="shape(s) to run (default: all)")
+    parser.add_argument("--measure-memory", choices=["book", "fused"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    if args.measure_memory:
+        peak = measure_memory(args.measure_memory, args.shape[0])
+        print(json.dumps({"peak_mib": peak}))
+        return
+
+    shapes = args.shape or list(SHAPES)
+    print(f"torch {torch.__version__}, {args.threads} thread(s), float32, forward + backward, "
+          f"median of {args.repeats} after {args.warmup} warm-up steps\n")
+    header = (f"{'shape (B x T x C / heads)':<26} {'book ms':>9} {'fused ms':>9} {'speedup':>8} "
+              f"{'book MiB':>9} {'fused MiB':>10} {'mem ratio':>10} {'max |diff|':>11}")
+    print(header)
+    print("-" * len(header))
+    for shape in shapes:
+        diff = check_equal(shape)
+        t = time_shapes(shape, args.warmup, args.repeats)
+        mem = {v: memory_in_subprocess(v, shape, args.threads) for v in ("book", "fused")}
+        print(f"{shape:<26} {t['book'] * 1e3:>9.1f} {t['fused'] * 1e3:>9.1f} "
+              f"{t['book'] / t['fused']:>7.2f}x {mem['book']:>9.1f} {mem['fused']:>10.1f} "
+              f"{mem['fused'] / mem['book']:>9.2f}x {diff:>11.1e}")
+    print("\nspeedup = book time / fused time; mem ratio = fused peak / book peak "
+          "(peak resident memory of one step above the baseline, each in its own process)")
+
+
+if __name__ == "__main__":
+    main()
