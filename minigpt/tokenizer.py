@@ -78,6 +78,7 @@ class TiktokenTokenizer(Tokenizer):
         self.vocab_size = self._enc.n_vocab
         self.eot_id = self._enc.eot_token
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_key: tuple[int, int] | None = None
         self._local = threading.local()
 
     def __getstate__(self):  # threads and Rust objects do not pickle; the name rebuilds them
@@ -97,8 +98,10 @@ class TiktokenTokenizer(Tokenizer):
         # Python ints: the threads spend their time in tiktoken's Rust core, outside the GIL.
         if num_threads <= 1 or len(texts) <= 1:
             return [self._enc.encode_to_numpy(t, disallowed_special=()) for t in texts]
-        if self._pool is None or self._pool._max_workers != num_threads:
+        key = (num_threads, os.getpid())  # a forked child inherits the pool object, not its threads
+        if self._pool is None or self._pool_key != key:
             self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix=f"tiktoken-{self.name}")
+            self._pool_key = key
         return list(self._pool.map(self._encode_in_worker, texts))
 
     def _encode_in_worker(self, text: str) -> np.ndarray:

@@ -50,6 +50,24 @@ def test_tiktoken_encode_batch_matches_encode():
         assert all(b.dtype == np.uint32 for b in batch)
 
 
+def test_tiktoken_tokenizer_pickles_and_survives_fork():
+    import os
+    import pickle
+
+    tok = _tiktoken_or_skip("gpt2")
+    tok.encode_batch(TEXTS, num_threads=2)  # start the worker threads in this process
+    again = pickle.loads(pickle.dumps(tok))
+    assert again.encode_batch(TEXTS[:2], num_threads=2)[0].tolist() == tok.encode(TEXTS[0])
+    if not hasattr(os, "fork"):
+        return
+    pid = os.fork()
+    if pid == 0:  # the child inherits the pool object but not its threads: must not hang
+        ok = tok.encode_batch(TEXTS, num_threads=2)[0].tolist() == [15496, 995]
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_r50k_base_loads():
     tok = _tiktoken_or_skip("r50k_base")
     assert tok.vocab_size == 50257
