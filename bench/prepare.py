@@ -1,0 +1,118 @@
+"""Preparation throughput: ``prepare_dataset`` (data=shakespeare, GPT-2 BPE) vs a plain loop.
+
+    TIKTOKEN_CACHE_DIR=../shared/tiktoken-cache python bench/prepare.py
+    python bench/prepare.py --repeats 7 --no-memory
+
+Variants, timed interleaved in this process after one warm-up round, median of ``--repeats``:
+- ``loop``: nanoGPT's prepare.py shape: ``enc.encode_ordinary`` per play in one thread, an eot
+  after each, ``np.array(ids, uint16).tofile(...)``. It starts from the plays already converted to
+  plain text (that conversion is not timed for it).
+- ``pipeline``: ``prepare_dataset`` end to end into a fresh temporary data root every run (so the
+  idempotence check never short-circuits and nothing is reused): it also reads and converts the
+  Markdown, tokenizes through ``datasets.map`` (tiktoken threads), writes train/val and meta.json.
+- ``pipeline num_proc=2``: the same with two ``datasets.map`` worker processes instead of threads.
+
+tokens/s uses each variant's own token count (the pipeline writes one extra eot per play, closing
+each play's val part). Peak memory (max RSS) is measured per variant in its own subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from minigpt.data import prepare_dataset  # noqa: E402
+from minigpt.data.shakespeare import read_plays  # noqa: E402
+from minigpt.tokenizer import get_tokenizer  # noqa: E402
+
+CONFIG = {"name": "shakespeare", "source": "shakespeare", "tokenizer": "gpt2", "val_fraction": 0.1,
+          "val_split": "tail"}
+VARIANTS = ("loop", "pipeline", "pipeline num_proc=2")
+
+
+def run_loop(docs: list[str], out_dir: Path) -> int:
+    enc = get_tokenizer("gpt2")._enc  # the raw tiktoken Encoding
+    ids: list[int] = []
+    for doc in docs:
+        ids.extend(enc.encode_ordinary(doc))
+        ids.append(enc.eot_token)
+    np.array(ids, dtype=np.uint16).tofile(out_dir / "all.bin")
+    return len(ids)
+
+
+def run_pipeline(out_dir: Path, num_proc: int) -> int:
+    meta = prepare_dataset({**CONFIG, "num_proc": num_proc}, out_dir, progress=False)
+    assert (out_dir / "shakespeare" / "meta.json").is_file()  # freshly written, not reused
+    return meta["train_tokens"] + meta["val_tokens"]
+
+
+def run(variant: str, docs: list[str]) -> tuple[float, int]:
+    out_dir = Path(tempfile.mkdtemp(prefix="bench-prepare-"))
+    try:
+        start = time.perf_counter()
+        if variant == "loop":
+            tokens = run_loop(docs, out_dir)
+        else:
+            tokens = run_pipeline(out_dir, num_proc=2 if "num_proc=2" in variant else 1)
+        return time.perf_counter() - start, tokens
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def measure_memory(variant: str) -> float:
+    """Peak RSS (MiB) of a fresh process that imports everything and runs the variant once."""
+    out = subprocess.run([sys.executable, __file__, "--measure-memory", variant], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["peak_mib"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--measure-memory", metavar="VARIANT", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    docs = [text for _, text in read_plays()]
+    get_tokenizer("gpt2")  # load the BPE once, outside every timing
+
+    if args.measure_memory:
+        run(args.measure_memory, docs)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+        print(json.dumps({"peak_mib": peak}))
+        return
+
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    tokens: dict[str, int] = {}
+    for round_ in range(args.repeats + 1):  # round 0 is the warm-up
+        for variant in VARIANTS:
+            seconds, tokens[variant] = run(variant, docs)
+            if round_:
+                times[variant].append(seconds)
+
+    print(f"shakespeare, GPT-2 BPE: {len(docs)} plays, {sum(map(len, docs)):,} characters; "
+          f"{os.cpu_count()} CPUs; median of {args.repeats} runs after 1 warm-up")
+    print(f"{'variant':<22}{'tokens':>12}{'median s':>10}{'min s':>8}{'Mtok/s':>9}{'vs loop':>9}"
+          f"{'peak MiB':>10}")
+    base = tokens["loop"] / statistics.median(times["loop"])
+    for variant in VARIANTS:
+        median = statistics.median(times[variant])
+        rate = tokens[variant] / median
+        peak = "-" if args.no_memory else f"{measure_memory(variant):.0f}"
+        print(f"{variant:<22}{tokens[variant]:>12,}{median:>10.3f}{min(times[variant]):>8.3f}"
+              f"{rate / 1e6:>9.2f}{rate / base:>8.2f}x{peak:>10}")
+
+
+if __name__ == "__main__":
+    main()
