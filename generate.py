@@ -1,0 +1,167 @@
+"""Sample from a trained GPT: ``python generate.py [key=value ...]`` (see configs/generate.yaml).
+
+A thin Hydra entry point: load a checkpoint (``minigpt.checkpoint``) or a Hugging Face GPT-2
+directory (``minigpt.hf``), encode the prompt, sample with the KV cache (``minigpt.sampling``),
+decode and print. Samples go to stdout, everything else to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+DTYPES = ("float32", "bfloat16", "float16")
+SEPARATOR = "\n---------------\n"
+
+
+def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
+    """Generate ``cfg.num_samples`` samples; print them to ``out`` and return their text
+    (prompt + continuation, without the end-of-text token)."""
+    import torch
+
+    from minigpt.sampling import generate, validate_sampling
+
+    validate_sampling(cfg.temperature, cfg.top_k, cfg.top_p)  # fail before loading anything
+    _check_options(cfg)
+    prompt = _read_prompt(cfg)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" \
+        else cfg.device
+    model, tokenizer, source = _load(cfg)
+    model.to(device=device, dtype=getattr(torch, cfg.dtype))
+    ctx = model.config.context_length
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens but the "
+                         f"model only {model.config.vocab_size}")
+
+    ids = tokenizer.encode(prompt)  # the char tokenizer names characters it never saw
+    start = ids or [tokenizer.eot_id]  # an empty prompt starts a new document
+    if len(start) > ctx:
+        _info(f"prompt has {len(start)} tokens but the model sees at most context_length={ctx}: "
+              f"conditioning on the last {ctx}")
+        start = start[-ctx:]
+    _info(f"{source}: {model.num_params() / 1e6:.2f}M parameters, tokenizer {tokenizer.name!r}, "
+          f"context {ctx}, {device} {cfg.dtype}; {cfg.num_samples} sample(s) of up to "
+          f"{cfg.max_new_tokens} tokens")
+
+    stream = cfg.num_samples == 1 if cfg.stream is None else bool(cfg.stream)
+    eos_id = tokenizer.eot_id if cfg.stop_at_eot else None
+    printer = _StreamPrinter(tokenizer, out, eos_id) if stream else None
+    idx = torch.tensor([start] * cfg.num_samples, dtype=torch.long, device=device)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    if printer is not None:
+        out.write(prompt)
+        out.flush()
+    tokens = generate(model, idx, cfg.max_new_tokens, temperature=cfg.temperature,
+                      top_k=cfg.top_k, top_p=cfg.top_p, eos_id=eos_id, generator=generator,
+                      on_token=printer, vocab_size=tokenizer.vocab_size, crop_to=cfg.crop_to)
+
+    samples = []
+    for row in tokens[:, len(start):].tolist():
+        if eos_id is not None and eos_id in row:
+            row = row[:row.index(eos_id)]
+        samples.append(prompt + tokenizer.decode(row))
+    if printer is not None:
+        printer.finish()
+    else:
+        out.write(SEPARATOR.join(samples) + "\n")
+    out.flush()
+    return samples
+
+
+def _check_options(cfg: DictConfig) -> None:
+    problems = []
+    for name in ("max_new_tokens", "num_samples", "seed"):
+        value, low = cfg[name], 0 if name != "num_samples" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            problems.append(f"{name}={value!r} must be an integer >= {low}")
+    if cfg.dtype not in DTYPES:
+        problems.append(f"dtype={cfg.dtype!r} must be one of {DTYPES}")
+    if cfg.ckpt_path is not None and cfg.pretrained is not None:
+        problems.append("give ckpt_path or pretrained, not both")
+    if cfg.prompt and cfg.prompt_file is not None:
+        problems.append("give prompt or prompt_file, not both")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def _read_prompt(cfg: DictConfig) -> str:
+    """``prompt`` text, ``prompt=@file.txt``, or ``prompt_file=file.txt``."""
+    text = "" if cfg.prompt is None else str(cfg.prompt)
+    path = cfg.prompt_file if cfg.prompt_file is not None else \
+        (text[1:] if text.startswith("@") else None)
+    if path is None:
+        return text
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file {path} not found")
+    return path.read_text(encoding="utf-8")
+
+
+def _load(cfg: DictConfig):
+    """(model, tokenizer, description) from ``pretrained``, ``ckpt_path`` or the newest run."""
+    from minigpt.checkpoint import find_latest_checkpoint, load_checkpoint
+    from minigpt.tokenizer import get_tokenizer
+
+    if cfg.pretrained is not None:
+        from minigpt.model import GPT
+
+        return GPT.from_pretrained(cfg.pretrained).eval(), get_tokenizer("gpt2"), cfg.pretrained
+    path = cfg.ckpt_path if cfg.ckpt_path is not None else \
+        find_latest_checkpoint(cfg.checkpoints_root)
+    model, tokenizer, _ = load_checkpoint(path)
+    return model, tokenizer, str(path)
+
+
+class _StreamPrinter:
+    """``on_token`` callback for one sample: print each token's text as soon as it is complete
+    (a BPE token can end inside a multi-byte character; its text waits for the next one)."""
+
+    def __init__(self, tokenizer, out, eos_id: int | None):
+        self.tokenizer, self.out, self.eos_id = tokenizer, out, eos_id
+        self.ids: list[int] = []
+        self.printed = 0
+        self.done = False
+
+    def __call__(self, token) -> None:
+        token = int(token[0])
+        if self.done or token == self.eos_id:
+            self.done = True
+            return
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if not text.endswith("\ufffd"):
+            self._write(text)
+
+    def finish(self) -> None:
+        self._write(self.tokenizer.decode(self.ids))
+        self.out.write("\n")
+
+    def _write(self, text: str) -> None:
+        self.out.write(text[self.printed:])
+        self.out.flush()
+        self.printed = len(text)
+
+
+def _info(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@hydra.main(config_path="configs", config_name="generate", version_base=None)
+def main(cfg: DictConfig) -> None:
+    from minigpt.checkpoint import CheckpointError
+    from minigpt.tokenizer import TokenizerUnavailableError
+
+    try:
+        run(cfg)
+    except (CheckpointError, FileNotFoundError, NotADirectoryError, TokenizerUnavailableError,
+            ValueError) as e:
+        sys.exit(f"error: {e}")  # one clear line, no traceback: the input was wrong
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
