@@ -12,6 +12,7 @@ Run directory layout: ``config.yaml`` (resolved), ``checkpoints/{last,best}.ckpt
 from __future__ import annotations
 
 import json
+import logging
 import math
 import netrc
 import os
@@ -31,6 +32,7 @@ from minigpt.data import DataConfig, TokenDataModule, open_tokens, prepare_datas
 from minigpt.lit import LitGPT, default_precision
 from minigpt.model import GPT, GPTConfig
 
+log = logging.getLogger(__name__)
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of 64 for faster matmuls
 MODEL_EXTRA_KEYS = ("name", "init_from")  # model/*.yaml keys that are not GPTConfig fields
 
@@ -61,7 +63,7 @@ def check_config(cfg: DictConfig) -> None:
     if isinstance(o.get("lr"), (int, float)) and o.lr == 0:
         problems.append("optim.lr=0 would not train; use a positive learning rate")
     if isinstance(o.get("min_lr"), (int, float)) and isinstance(o.get("lr"), (int, float)) \
-            and o.min_lr > o.lr:
+            and o.lr > 0 and o.min_lr > o.lr:
         problems.append(f"optim.min_lr={o.min_lr} must not exceed optim.lr={o.lr}")
     for key in ("beta1", "beta2"):
         if not 0 <= o.get(key, 0.9) < 1:
@@ -79,6 +81,11 @@ def check_config(cfg: DictConfig) -> None:
         if value is not None and (not isinstance(value, int) or value < low):
             problems.append(f"data.{key}={value!r} must be an integer >= {low}")
     problems += _device_problems(t)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    try:
+        gpt_config(model, model.get("vocab_size") or VOCAB_MULTIPLE)
+    except ValueError as e:
+        problems.append(f"model: {e}")
     if problems:
         raise ConfigError("bad config: " + "; ".join(problems))
 
@@ -155,7 +162,7 @@ def _wandb_logged_in() -> bool:
         return True
     host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
     try:
-        return netrc.netrc().authenticators(host) is not None
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
     except (OSError, netrc.NetrcParseError):
         return False
 
@@ -252,8 +259,10 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list, loggers: list
     )
 
 
-def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
-    """Train as ``cfg`` says; return ``{"run_dir", "last", "best", "val_loss", "steps"}``."""
+def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tuple = ()) -> dict:
+    """Train as ``cfg`` says; return ``{"run_dir", "last", "best", "val_loss", "steps"}``.
+
+    ``run_dir`` defaults to Hydra's run directory; ``callbacks`` are added to the trainer's."""
     check_config(cfg)
     warnings.filterwarnings("ignore", message=".*IterableDataset. has .__len__. defined")
     run_dir = _run_dir(run_dir).resolve()
@@ -286,10 +295,11 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
     )
     interrupt = CheckpointOnInterrupt(ckpt_dir / "last.ckpt")
     s = cfg.sample
-    callbacks = [checkpoints, interrupt, StepProgressBar(),
+    bar = [StepProgressBar()] if cfg.trainer.get("enable_progress_bar", True) else []
+    callbacks = [checkpoints, interrupt, *bar,
                  SampleText(tokenizer, run_dir / "samples.txt", prompt=s.prompt,
                             max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                            top_k=s.top_k, seed=cfg.seed)]
+                            top_k=s.top_k, seed=cfg.seed), *callbacks]
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["model"]["vocab_size"] = model.config.vocab_size
     loggers = build_loggers(cfg.logger, run_dir, resolved)
@@ -309,11 +319,14 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
             + (f"\nresuming from {ckpt_path}" if ckpt_path else "")
         )
     try:
-        trainer.fit(lit, datamodule=datamodule, ckpt_path=ckpt_path)
+        trainer.fit(lit, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except SIGTERMException:
         # Checkpoint already written by CheckpointOnInterrupt; exit like a killed process.
         raise SystemExit(130 if interrupt.signal_name == "Ctrl-C" else 143) from None
 
+    # Every rank logs this to its own file in the run dir: under DDP the ranks must agree.
+    checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
+    log.info(f"rank {trainer.global_rank}: parameter checksum {checksum:.10e}")
     val_loss = trainer.callback_metrics.get("val/loss")
     summary = {
         "run_dir": str(run_dir),

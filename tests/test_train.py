@@ -1,0 +1,343 @@
+"""Training: pure helpers with numbers, then real (tiny) runs of the composed Hydra config:
+end to end, exact resume, SIGTERM / Ctrl-C checkpoints, fine-tuning sources, bad overrides,
+and a 2-process CPU DDP run of ``python train.py`` in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from minigpt.callbacks import AtomicCheckpointIO
+from minigpt.checkpoint import load_checkpoint
+from minigpt.lit import LitGPT, default_precision, lr_at, param_groups, strip_compiled_prefix
+from minigpt.model import GPT, GPTConfig
+from minigpt.runner import (
+    ConfigError,
+    _wandb_logged_in,
+    build_loggers,
+    init_model,
+    padded_vocab_size,
+    resolve_ckpt_path,
+    run,
+)
+from minigpt.tokenizer import get_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.context_length=32",
+    "data.batch_size=4", "data.val_tokens=256", "trainer=cpu", "trainer.max_steps=8",
+    "trainer.val_check_interval=4", "trainer.enable_progress_bar=false",
+    "trainer.precision=32-true", "trainer.log_every_n_steps=1", "logger=none",
+    "optim.warmup_steps=2", "optim.lr=0.01", "sample.max_new_tokens=8",
+]
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    """shakespeare_char prepared once into a temporary data root (~1 s)."""
+    from minigpt.data import prepare_dataset
+
+    root = tmp_path_factory.mktemp("data")
+    cfg = tiny_cfg(root)
+    prepare_dataset(cfg.data, root, progress=False)
+    return root
+
+
+def tiny_cfg(data_root: Path, *overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("train", overrides=[*TINY, f"data_root={data_root}", *overrides])
+
+
+class LossRecorder(L.Callback):
+    def __init__(self):
+        self.losses: dict[int, float] = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses[trainer.global_step] = float(outputs["loss"])
+
+
+class SignalAt(L.Callback):
+    """Sends ``signum`` to this process after optimizer step ``step``."""
+
+    def __init__(self, step: int, signum: int):
+        self.step, self.signum = step, signum
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+# ---- pure helpers ----------------------------------------------------------------------------
+
+def test_lr_schedule_numbers():
+    kw = dict(lr=1.0, min_lr=0.1, warmup_steps=10, decay_steps=110)
+    assert lr_at(0, **kw) == pytest.approx(0.1)
+    assert lr_at(4, **kw) == pytest.approx(0.5)
+    assert lr_at(9, **kw) == pytest.approx(1.0)
+    assert lr_at(10, **kw) == pytest.approx(1.0)  # cosine starts at the peak
+    assert lr_at(60, **kw) == pytest.approx(0.55)  # halfway: (lr + min_lr) / 2
+    assert lr_at(110, **kw) == pytest.approx(0.1)
+    assert lr_at(10_000, **kw) == pytest.approx(0.1)
+    decay = [lr_at(s, **kw) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(decay, decay[1:], strict=False))
+
+
+def test_param_groups_decay_linear_weights_only():
+    model = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=2, n_head=2, n_embd=16))
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    # qkv, out_proj, fc, proj in each of 2 blocks; the LM head is the (undecayed) embedding
+    assert len(decayed) == 8 and all(n.endswith(".weight") and "norm" not in n for n in decayed)
+    undecayed = {names[id(p)] for p in no_decay["params"]}
+    assert {"tok_emb.weight", "pos_emb.weight", "final_norm.weight", "final_norm.bias"} <= undecayed
+    assert not any("lm_head" in n for n in decayed)
+    total = sum(p.numel() for g in (decay, no_decay) for p in g["params"])
+    assert total == model.num_params()
+
+
+def test_default_precision(monkeypatch):
+    import minigpt.lit as lit
+
+    monkeypatch.setattr(lit, "_cpu_has_native_bf16", lambda: True)
+    assert default_precision("cpu") == "bf16-mixed"
+    monkeypatch.setattr(lit, "_cpu_has_native_bf16", lambda: False)
+    assert default_precision("cpu") == "32-true"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_precision("gpu") == "32-true"
+    assert default_precision("auto") == "32-true"
+
+
+def test_vocab_padding_and_pinning():
+    assert padded_vocab_size(81, None) == 128
+    assert padded_vocab_size(50257, None) == 50304
+    assert padded_vocab_size(81, 100) == 100
+    with pytest.raises(ConfigError, match=r"model.vocab_size=50 is smaller .* \(81\)"):
+        padded_vocab_size(81, 50)
+
+
+def test_compiled_prefix_is_stripped_on_save_and_load():
+    model = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=1, n_head=2, n_embd=16))
+    lit = LitGPT(model, {}, {"type": "char"})
+    clean = {"model." + k: v for k, v in model.state_dict().items()}
+    compiled = {k.replace("model.", "model._orig_mod.", 1): v for k, v in clean.items()}
+    assert strip_compiled_prefix(compiled).keys() == clean.keys()
+    checkpoint = {"state_dict": dict(compiled)}
+    lit.on_load_checkpoint(checkpoint)
+    lit.load_state_dict(checkpoint["state_dict"])  # strict: loads without key surgery
+    saved = {"state_dict": dict(compiled)}
+    lit.on_save_checkpoint(saved)
+    assert saved["state_dict"].keys() == clean.keys()
+    assert saved["minigpt"]["model_config"] == model.config.to_dict()
+
+
+def test_atomic_checkpoint_io_never_leaves_a_partial_file(tmp_path, monkeypatch):
+    path = tmp_path / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"step": 1}, path)
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"step": 2}, path)
+    assert torch.load(path, weights_only=True) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_resolve_ckpt_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint found"):
+        resolve_ckpt_path("last", tmp_path / "outputs")
+    old, new = tmp_path / "outputs/a/checkpoints/last.ckpt", tmp_path / "outputs/b/checkpoints/last.ckpt"
+    for i, p in enumerate((old, new)):
+        p.parent.mkdir(parents=True)
+        p.write_bytes(b"x")
+        os.utime(p, (1000 + i, 1000 + i))
+    assert resolve_ckpt_path("last", tmp_path / "outputs") == str(new)
+    assert resolve_ckpt_path(str(old), tmp_path) == str(old)
+    assert resolve_ckpt_path(None, tmp_path) is None
+    with pytest.raises(FileNotFoundError, match="nope.ckpt"):
+        resolve_ckpt_path(str(tmp_path / "nope.ckpt"), tmp_path)
+
+
+def test_wandb_login_detection_and_fallback(tmp_path, monkeypatch, data_root):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    assert not _wandb_logged_in()
+    (tmp_path / "netrc").write_text("machine api.wandb.ai login user password abc\n")
+    (tmp_path / "netrc").chmod(0o600)
+    assert _wandb_logged_in()
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("NETRC", str(tmp_path / "missing"))
+    assert _wandb_logged_in()
+
+    class Broken:
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("no wandb here")
+
+    monkeypatch.setattr(L.pytorch.loggers, "WandbLogger", Broken)
+    cfg = tiny_cfg(data_root, "logger=wandb")
+    with pytest.warns(UserWarning, match="wandb could not start.*no wandb here"):
+        loggers = build_loggers(cfg.logger, tmp_path, {})
+    assert [type(lg).__name__ for lg in loggers] == ["CSVLogger"]
+
+
+# ---- real runs -------------------------------------------------------------------------------
+
+def test_end_to_end_run_writes_checkpoints_metrics_and_samples(tmp_path, data_root):
+    summary = run(tiny_cfg(data_root, "logger=csv"), run_dir=tmp_path / "run")
+    run_dir = Path(summary["run_dir"])
+    assert summary["steps"] == 8 and math.isfinite(summary["val_loss"])
+    assert summary["val_loss"] < math.log(81)  # learned something beyond uniform
+    assert summary["last"].endswith("checkpoints/last.ckpt")
+    assert Path(summary["best"]).name == "best.ckpt"
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "samples.txt").read_text()
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+
+    header = (run_dir / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
+    for name in ("train/loss", "val/loss", "val/ppl", "val/bpb", "lr", "tokens", "tokens_per_s",
+                 "grad_norm"):
+        assert name in header
+
+    # Lightning's whole checkpoint is weights_only-safe, with clean keys and our metadata.
+    ckpt = torch.load(summary["last"], weights_only=True)
+    assert ckpt["global_step"] == 8
+    assert all(k.startswith("model.") and "_orig_mod" not in k for k in ckpt["state_dict"])
+    assert ckpt["hyper_parameters"]["model"]["vocab_size"] == 128  # 81 padded to 64s
+    model, tokenizer, meta = load_checkpoint(summary["last"])
+    assert tokenizer.vocab_size == 81 and model.config.n_embd == 32
+    assert meta["model_config"] == ckpt["hyper_parameters"]["model"]
+
+
+def test_exact_resume_matches_uninterrupted_run(tmp_path, data_root):
+    # dropout > 0 so the restored RNG states matter; decay_steps pinned so the half run has the
+    # same LR schedule as the full one.
+    common = ["model.dropout=0.1", "optim.decay_steps=8"]
+    straight, first, second = LossRecorder(), LossRecorder(), LossRecorder()
+    full = run(tiny_cfg(data_root, *common), tmp_path / "full", callbacks=[straight])
+    half = run(tiny_cfg(data_root, *common, "trainer.max_steps=4"), tmp_path / "half",
+               callbacks=[first])
+    resumed = run(tiny_cfg(data_root, *common, f"ckpt_path={half['last']}"), tmp_path / "resumed",
+                  callbacks=[second])
+    assert list(straight.losses) == list(range(1, 9))
+    assert list(second.losses) == [5, 6, 7, 8]
+    expect = [straight.losses[s] for s in range(1, 9)]
+    got = [first.losses[s] for s in range(1, 5)] + [second.losses[s] for s in range(5, 9)]
+    torch.testing.assert_close(got, expect, rtol=1e-6, atol=0)
+    assert resumed["val_loss"] == pytest.approx(full["val_loss"], rel=1e-6)
+    a = torch.load(full["last"], weights_only=True)["state_dict"]
+    b = torch.load(resumed["last"], weights_only=True)["state_dict"]
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_saves_checkpoint_and_exits(tmp_path, data_root, signum, code):
+    cfg = tiny_cfg(data_root, "trainer.max_steps=1000", "trainer.val_check_interval=500")
+    with pytest.raises(SystemExit) as exit_info:
+        run(cfg, tmp_path / "run", callbacks=[SignalAt(3, signum)])
+    assert exit_info.value.code == code
+    ckpt = torch.load(tmp_path / "run/checkpoints/last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 3
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    assert not list((tmp_path / "run/checkpoints").glob("*.tmp"))
+
+
+def test_init_from_checkpoint_and_hf_directory(tmp_path, data_root):
+    tokenizer = get_tokenizer("char", chars="abc")
+    source = GPT(GPTConfig(vocab_size=64, context_length=16, n_layer=1, n_head=2, n_embd=16))
+    hf_dir = tmp_path / "hf"
+    source.save_pretrained(str(hf_dir))
+    with pytest.warns(UserWarning, match="is GPT-2"):
+        model = init_model({"init_from": str(hf_dir), "dropout": 0.1, "context_length": 8},
+                           tokenizer, 64)
+    assert model.config.dropout == 0.1 and model.config.context_length == 8
+    torch.testing.assert_close(model.tok_emb.weight, source.tok_emb.weight)
+
+    summary = run(tiny_cfg(data_root, "trainer.max_steps=2"), tmp_path / "run")
+    cfg = tiny_cfg(data_root, f"model.init_from={summary['last']}", "model.n_layer=5")
+    char = get_tokenizer("char", chars="abc")
+    with pytest.raises(ConfigError, match="trained with tokenizer"):
+        init_model(dict(cfg.model), char, 64)
+    trained, data_tokenizer, _ = load_checkpoint(summary["last"])
+    model = init_model(dict(cfg.model), data_tokenizer, 128)
+    assert model.config.n_layer == 2  # the checkpoint fixes the architecture
+    for (k, v), w in zip(model.state_dict().items(), trained.state_dict().values(), strict=True):
+        torch.testing.assert_close(v, w, msg=k)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("optim.lr=-0.001", r"optim.lr=-0.001 must be a number >= 0"),
+    ("data.batch_size=0", r"data.batch_size=0 must be an integer >= 1"),
+    ("trainer.devices=64", r"trainer.devices=64 but this machine has \d+ CPU"),
+    ("model.vocab_size=10", r"model.vocab_size=10 is smaller than the tokenizer's vocabulary"),
+    ("model.n_embd=33", r"n_embd=33 must be divisible by n_head=2"),
+    ("+model.n_layers=3", r"unknown field\(s\) \['n_layers'\]"),
+])
+def test_bad_overrides_fail_before_training(tmp_path, data_root, override, message):
+    with pytest.raises(ValueError, match=message):
+        run(tiny_cfg(data_root, override), tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_several_bad_values_in_one_message(tmp_path, data_root):
+    with pytest.raises(ConfigError, match="optim.lr=-1.*trainer.max_steps=0.*data.batch_size=0"):
+        run(tiny_cfg(data_root, "optim.lr=-1", "data.batch_size=0", "trainer.max_steps=0"),
+            tmp_path / "run")
+
+
+def test_unknown_model_name_is_a_clear_hydra_error(data_root):
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException, match=r"model.*gpt5.*Available options"):
+        tiny_cfg(data_root, "model=gpt5")
+
+
+# ---- subprocesses: the real entry point ------------------------------------------------------
+
+def _train_py(tmp_path, *args, timeout=120):
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_bad_override_is_one_line(tmp_path, data_root):
+    result = _train_py(tmp_path, f"data_root={data_root}", "optim.lr=-1", "logger=none")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: bad config: optim.lr=-1 must be a number >= 0"
+    assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("*.ckpt"))
+
+
+def test_ddp_two_cpu_processes(tmp_path, data_root):
+    result = _train_py(
+        tmp_path, *TINY, f"data_root={data_root}", "trainer=ddp", "trainer.accelerator=cpu",
+        "trainer.devices=2", "trainer.max_steps=4", "trainer.val_check_interval=2",
+        "logger=csv", timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dirs = [p.parent for p in (tmp_path / "outputs").rglob(".hydra")]
+    assert len(run_dirs) == 1, run_dirs  # one output directory for both ranks
+    run_dir = run_dirs[0]
+    assert [p.name for p in (tmp_path / "outputs").rglob("*.ckpt")] and \
+        sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
+    sums = {}
+    for log in run_dir.glob("*.log"):
+        for rank, value in re.findall(r"rank (\d): parameter checksum (\S+)", log.read_text()):
+            sums[rank] = value
+    assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], sums  # the ranks agree
+    ckpt = torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 4 and len(ckpt["rng_states"]) == 2
