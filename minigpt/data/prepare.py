@@ -26,13 +26,14 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from minigpt.data.config import DataConfig, DataError
-from minigpt.data.sources import load_source, source_identity, text_column
+from minigpt.data.sources import document_transform, load_source, source_identity, text_column
 from minigpt.tokenizer import CharTokenizer, Tokenizer, get_tokenizer, tokenizer_from_dict
 
 log = logging.getLogger(__name__)
@@ -161,8 +162,8 @@ class Tokenize:
     """
 
     def __init__(self, tokenizer: dict, column: str, val_fraction: float, val_split: str,
-                 dtype: str, num_threads: int = 1):
-        self.tokenizer, self.column = tokenizer, column
+                 dtype: str, num_threads: int = 1, transform: Callable[[str], str] | None = None):
+        self.tokenizer, self.column, self.transform = tokenizer, column, transform
         self.val_fraction, self.val_split = val_fraction, val_split
         self.dtype, self.num_threads = np.dtype(dtype), num_threads
         self._tok: Tokenizer | None = None
@@ -172,8 +173,9 @@ class Tokenize:
 
     def _encode(self, texts: list[str]) -> list[np.ndarray]:
         tok = self._tok
-        if isinstance(tok, CharTokenizer):
-            return tok.encode_batch(texts)
+        if isinstance(tok, CharTokenizer) or self.transform is not None:
+            # with a transform, documents are encoded whole (Shakespeare's plays are < 0.2 MB)
+            return tok.encode_batch(texts, self.num_threads, transform=self.transform)
         pieces = [split_long(t) for t in texts]
         flat = tok.encode_batch([p for ps in pieces for p in ps], self.num_threads)
         if len(flat) == len(texts):
@@ -208,7 +210,7 @@ class Tokenize:
         return {"train": train, "val": val}
 
 
-def _char_tokenizer(cfg: DataConfig, ds, column: str) -> CharTokenizer:
+def _char_tokenizer(cfg: DataConfig, ds, column: str, transform) -> CharTokenizer:
     import datasets
 
     if isinstance(ds, datasets.IterableDataset) and cfg.max_documents is None:
@@ -217,7 +219,8 @@ def _char_tokenizer(cfg: DataConfig, ds, column: str) -> CharTokenizer:
     seen: set[str] = set()
     for table in ds.select_columns([column]).with_format("arrow").iter(batch_size=MAP_BATCH_SIZE):
         for value in table.column(column).to_pylist():
-            seen.update(_text(value, column))
+            text = _text(value, column)
+            seen.update(transform(text) if transform else text)
     if not seen:
         raise DataError(f"data {cfg.name!r}: the corpus is empty (no characters in {_where(cfg)})")
     return CharTokenizer(sorted(seen))
@@ -273,8 +276,11 @@ def _tokenize_and_write(cfg: DataConfig, tmp: Path, fp: str, progress: bool) -> 
     from tqdm.auto import tqdm
 
     ds = load_source(cfg)
-    column = text_column(cfg, ds)
-    tok = _char_tokenizer(cfg, ds, column) if cfg.tokenizer == "char" else get_tokenizer(cfg.tokenizer)
+    column, transform = text_column(cfg, ds), document_transform(cfg)
+    if cfg.tokenizer == "char":
+        tok: Tokenizer = _char_tokenizer(cfg, ds, column, transform)
+    else:
+        tok = get_tokenizer(cfg.tokenizer)
     dtype = dtype_for(tok.vocab_size)
     features = datasets.Features({s: datasets.Sequence(datasets.Value(dtype.name)) for s in SPLITS})
     streaming = isinstance(ds, datasets.IterableDataset)
@@ -282,7 +288,7 @@ def _tokenize_and_write(cfg: DataConfig, tmp: Path, fp: str, progress: bool) -> 
     lazy = streaming or cfg.max_tokens is not None
     num_proc = 1 if lazy else max(1, min(cfg.num_proc, len(ds)))
     fn = Tokenize(tok.to_dict(), column, cfg.val_fraction, cfg.val_split, dtype.name,
-                  num_threads=max(1, _cpus() // num_proc))
+                  num_threads=max(1, _cpus() // num_proc), transform=transform)
     kwargs = dict(batched=True, batch_size=MAP_BATCH_SIZE, with_indices=True,
                   remove_columns=ds.column_names, features=features)
     if lazy:

