@@ -22,6 +22,7 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
     (prompt + continuation, without the end-of-text token)."""
     import torch
 
+    from minigpt.packed import can_pack, pack_linears
     from minigpt.sampling import generate, validate_sampling
 
     validate_sampling(cfg.temperature, cfg.top_k, cfg.top_p)  # fail before loading anything
@@ -30,7 +31,14 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" \
         else cfg.device
     model, tokenizer, source = _load(cfg)
-    model.to(device=device, dtype=getattr(torch, cfg.dtype))
+    model.to(device)
+    num_params = model.num_params()  # packed layers hold no parameters
+    dtype = getattr(torch, cfg.dtype)
+    packed = cfg.packed and can_pack(device) and dtype in (torch.float32, torch.bfloat16)
+    if packed:  # CPU: weights in oneDNN's layout (and dtype), activations stay float32
+        pack_linears(model, dtype)
+    else:
+        model.to(dtype)
     ctx = model.config.context_length
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ValueError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens but the "
@@ -42,8 +50,9 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
         _info(f"prompt has {len(start)} tokens but the model sees at most context_length={ctx}: "
               f"conditioning on the last {ctx}")
         start = start[-ctx:]
-    _info(f"{source}: {model.num_params() / 1e6:.2f}M parameters, tokenizer {tokenizer.name!r}, "
-          f"context {ctx}, {device} {cfg.dtype}; {cfg.num_samples} sample(s) of up to "
+    _info(f"{source}: {num_params / 1e6:.2f}M parameters, tokenizer {tokenizer.name!r}, "
+          f"context {ctx}, {device} {cfg.dtype}{' packed weights' if packed else ''}; "
+          f"{cfg.num_samples} sample(s) of up to "
           f"{cfg.max_new_tokens} tokens")
 
     stream = cfg.num_samples == 1 if cfg.stream is None else bool(cfg.stream)

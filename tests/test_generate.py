@@ -19,6 +19,7 @@ from minigpt.checkpoint import (
     load_checkpoint,
 )
 from minigpt.model import GPT, GPTConfig
+from minigpt.packed import can_pack, pack_linears
 from minigpt.tokenizer import get_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,12 +130,13 @@ def test_no_checkpoint_found_says_where_it_looked(tmp_path):
 
 def test_greedy_sample_matches_the_library(char_ckpt):
     path, model, tokenizer = char_ckpt
-    samples, printed = run(f"ckpt_path={path}", "prompt=First", "temperature=0",
-                           "max_new_tokens=30", "stop_at_eot=false")
     ids = model.generate(torch.tensor([tokenizer.encode("First")]), 30, temperature=0,
                          vocab_size=tokenizer.vocab_size)[0].tolist()
-    assert samples == [tokenizer.decode(ids)]
-    assert printed == samples[0] + "\n"  # streamed (one sample), same text
+    for packed in ("false", "true"):  # packed: same weights in oneDNN's layout, same tokens here
+        samples, printed = run(f"ckpt_path={path}", "prompt=First", "temperature=0",
+                               "max_new_tokens=30", "stop_at_eot=false", f"packed={packed}")
+        assert samples == [tokenizer.decode(ids)]
+        assert printed == samples[0] + "\n"  # streamed (one sample), same text
 
 
 def test_newest_checkpoint_is_the_default(char_ckpt, monkeypatch):
@@ -231,8 +233,12 @@ def test_pretrained_hugging_face_directory(tmp_path):
     tokenizer = get_tokenizer("gpt2")
     samples, _ = run(f"pretrained={tmp_path / 'hf'}", "prompt=Hello world", "temperature=0",
                      "max_new_tokens=8", "stop_at_eot=false", "dtype=bfloat16")
-    ids = model.to(torch.bfloat16).generate(torch.tensor([tokenizer.encode("Hello world")]), 8,
-                                            temperature=0)[0].tolist()
+    if can_pack():  # what generate.py does on the CPU: bfloat16 weights, float32 activations
+        model = pack_linears(model, torch.bfloat16)
+    else:
+        model = model.to(torch.bfloat16)
+    ids = model.generate(torch.tensor([tokenizer.encode("Hello world")]), 8,
+                         temperature=0)[0].tolist()
     assert samples == [tokenizer.decode(ids)]
 
 
