@@ -13,7 +13,10 @@ Variants, timed interleaved in this process after one warm-up round, median of `
 - ``pipeline num_proc=2``: the same with two ``datasets.map`` worker processes instead of threads.
 
 tokens/s uses each variant's own token count (the pipeline writes one extra eot per play, closing
-each play's val part). Peak memory (max RSS) is measured per variant in its own subprocess.
+each play's val part). ``cpu s`` is user + system time of all threads and map worker processes:
+it shows the work done, which contention from other processes barely changes, while the wall
+time (and so the ratio) needs idle cores to show the parallel speed-up. Peak memory: the
+high-water RSS of a fresh subprocess during a second run of the variant (Linux only).
 """
 
 from __future__ import annotations
@@ -58,21 +61,43 @@ def run_pipeline(out_dir: Path, num_proc: int) -> int:
     return meta["train_tokens"] + meta["val_tokens"]
 
 
-def run(variant: str, docs: list[str]) -> tuple[float, int]:
+def _cpu_seconds() -> float:
+    """User + system CPU of this process (all threads) and its finished children (map workers)."""
+    return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF,
+               resource.RUSAGE_CHILDREN) for f in ("ru_utime", "ru_stime"))
+
+
+def run(variant: str, docs: list[str]) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds, tokens written) of one run in a fresh directory."""
     out_dir = Path(tempfile.mkdtemp(prefix="bench-prepare-"))
     try:
-        start = time.perf_counter()
+        cpu, start = _cpu_seconds(), time.perf_counter()
         if variant == "loop":
             tokens = run_loop(docs, out_dir)
         else:
             tokens = run_pipeline(out_dir, num_proc=2 if "num_proc=2" in variant else 1)
-        return time.perf_counter() - start, tokens
+        return time.perf_counter() - start, _cpu_seconds() - cpu, tokens
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
+def _reset_peak_rss() -> None:
+    """Linux: restart the VmHWM high-water mark, so imports and BPE loading do not count."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak_rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def measure_memory(variant: str) -> float:
-    """Peak RSS (MiB) of a fresh process that imports everything and runs the variant once."""
+    """Peak RSS (MiB) of a fresh process during its second run of the variant (the first one
+    imports and loads everything). With num_proc=2 the map workers' memory is not included."""
     out = subprocess.run([sys.executable, __file__, "--measure-memory", variant], check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_mib"]
@@ -88,30 +113,36 @@ def main() -> None:
     get_tokenizer("gpt2")  # load the BPE once, outside every timing
 
     if args.measure_memory:
+        run(args.measure_memory, docs)  # once to import and warm up everything
+        _reset_peak_rss()
         run(args.measure_memory, docs)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-        print(json.dumps({"peak_mib": peak}))
+        print(json.dumps({"peak_mib": _peak_rss_mib()}))
         return
 
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpus: dict[str, list[float]] = {v: [] for v in VARIANTS}
     tokens: dict[str, int] = {}
+    load_before = os.getloadavg()[0]
     for round_ in range(args.repeats + 1):  # round 0 is the warm-up
         for variant in VARIANTS:
-            seconds, tokens[variant] = run(variant, docs)
+            seconds, cpu, tokens[variant] = run(variant, docs)
             if round_:
                 times[variant].append(seconds)
+                cpus[variant].append(cpu)
 
     print(f"shakespeare, GPT-2 BPE: {len(docs)} plays, {sum(map(len, docs)):,} characters; "
-          f"{os.cpu_count()} CPUs; median of {args.repeats} runs after 1 warm-up")
-    print(f"{'variant':<22}{'tokens':>12}{'median s':>10}{'min s':>8}{'Mtok/s':>9}{'vs loop':>9}"
-          f"{'peak MiB':>10}")
+          f"{os.cpu_count()} CPUs, load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} "
+          f"(other processes); median of {args.repeats} runs after 1 warm-up")
+    print(f"{'variant':<22}{'tokens':>12}{'median s':>10}{'min s':>8}{'cpu s':>8}{'Mtok/s':>9}"
+          f"{'vs loop':>9}{'peak MiB':>10}")
     base = tokens["loop"] / statistics.median(times["loop"])
     for variant in VARIANTS:
         median = statistics.median(times[variant])
         rate = tokens[variant] / median
         peak = "-" if args.no_memory else f"{measure_memory(variant):.0f}"
         print(f"{variant:<22}{tokens[variant]:>12,}{median:>10.3f}{min(times[variant]):>8.3f}"
-              f"{rate / 1e6:>9.2f}{rate / base:>8.2f}x{peak:>10}")
+              f"{statistics.median(cpus[variant]):>8.3f}{rate / 1e6:>9.2f}{rate / base:>8.2f}x"
+              f"{peak:>10}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
+from functools import cache, partial
 
 import numpy as np
 
@@ -200,6 +200,13 @@ class CharTokenizer(Tokenizer):
                 "vocab_size": self.vocab_size, "eot_id": self.eot_id}
 
 
+@cache
+def _tiktoken_tokenizer(name: str) -> TiktokenTokenizer:
+    # one instance per encoding and process (like tiktoken's own registry), so its worker threads
+    # and their private Encoding copies are built once, not on every preparation
+    return TiktokenTokenizer(name)
+
+
 def get_tokenizer(name: str, **kw) -> Tokenizer:
     """A tokenizer by name: a tiktoken encoding, or ``"char"`` with ``text=`` or ``chars=``."""
     if name == "char":
@@ -209,7 +216,7 @@ def get_tokenizer(name: str, **kw) -> Tokenizer:
             return CharTokenizer.from_text(kw["text"])
         raise ValueError("the char tokenizer is built from a corpus: pass text=... or chars=...")
     if name in TIKTOKEN_ENCODINGS:
-        return TiktokenTokenizer(name)
+        return _tiktoken_tokenizer(name)
     raise ValueError(f"unknown tokenizer {name!r}; choose 'char' or one of {TIKTOKEN_ENCODINGS}")
 
 
