@@ -3,6 +3,7 @@ run plots on a real short training run."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,23 @@ TINY = dict(vocab_size=50, context_length=16, n_layer=2, n_head=2, n_embd=32)
 def tiny_gpt(seed=0, **overrides):
     torch.manual_seed(seed)
     return GPT(GPTConfig(**{**TINY, **overrides}))
+
+
+def wait_for_wandb_history(run_dir, key, count, timeout=60.0):
+    """wandb's service process finishes writing the .wandb file shortly after ``finish()``
+    returns (seen here under load: the last records land up to a second later); poll for them."""
+    import time
+
+    from minigpt.viz.run_plots import load_run
+
+    deadline = time.monotonic() + timeout
+    while True:
+        run = load_run(run_dir)
+        if key in run.metrics and len(run.metrics[key][0]) >= count:
+            return run
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{run_dir}: {key} has not reached {count} rows: {run.metrics}")
+        time.sleep(0.25)
 
 
 class CharTokenizer:
@@ -233,7 +251,6 @@ def test_run_dir_errors_name_the_problem(tmp_path):
 def test_wandb_offline_run_file_is_read(tmp_path, monkeypatch):
     """A real wandb offline run, long enough that records cross the 32 KiB block boundary."""
     wandb = pytest.importorskip("wandb")
-    from minigpt.viz.run_plots import load_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -246,9 +263,9 @@ def test_wandb_offline_run_file_is_read(tmp_path, monkeypatch):
         if step % 100 == 99:
             run.log({"val/loss": 5.0 - step / n + 0.1, "trainer/global_step": step})
     run.finish()
+    loaded = wait_for_wandb_history(tmp_path, "train/loss", n)
     files = list(tmp_path.rglob("run-*.wandb"))
-    assert files and files[0].stat().st_size > 32768
-    loaded = load_run(tmp_path)
+    assert len(files) == 1 and files[0].stat().st_size > 32768
     steps, loss = loaded.metrics["train/loss"]
     assert steps.tolist() == list(range(n))
     torch.testing.assert_close(torch.tensor(loss), 5.0 - torch.arange(n, dtype=torch.float64) / n)
@@ -307,3 +324,93 @@ def test_attention_cli_on_a_pretrained_directory(tmp_path, capsys):
         assert image.size == tuple(round(v * 100) for v in figure_layout(3, 8)[2:])
     assert main([*argv[:-4], "--layer", "5", "--out", str(out)]) == 2
     assert "out of range: the model has 3 layers" in capsys.readouterr().err
+
+
+# --- a real short training run -------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_TRAIN = ["trainer=cpu", "trainer.max_steps=6", "trainer.val_check_interval=3",
+              "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1",
+              "sample.max_new_tokens=4", "model.n_layer=2",
+              "model.n_head=2", "model.n_embd=32", "model.context_length=32", "data.batch_size=4"]
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory):
+    """Two real `train.py` runs of a tiny model (Hydra compose API, in process): one logging
+    CSV, one logging to wandb offline files. Returns their run summaries."""
+    pytest.importorskip("lightning")
+    from hydra import compose, initialize_config_dir
+
+    from minigpt.runner import run
+
+    root = tmp_path_factory.mktemp("runs")
+    summaries = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_SILENT", "true")
+        mp.chdir(root)  # wandb and Lightning write nothing outside the run dirs
+        for logger, lr in (("csv", "1e-3"), ("wandb", "3e-3")):
+            overrides = [*TINY_TRAIN, f"logger={logger}", f"optim.lr={lr}",
+                         f"data_root={root / 'data'}"]
+            with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+                cfg = compose("train", overrides=overrides)
+            summaries[logger] = run(cfg, run_dir=root / logger)
+            if logger == "wandb":  # a process exit would finish the run; here we must
+                import wandb
+
+                wandb.finish()
+                wait_for_wandb_history(root / logger, "val/loss", 2)
+    return summaries
+
+
+def test_run_logs_of_a_real_training_run_are_read(real_runs):
+    from minigpt.viz.run_plots import LR, TOKENS, TOKENS_PER_SEC, TRAIN_LOSS, VAL_LOSS, load_run
+
+    for logger, summary in real_runs.items():
+        run = load_run(summary["run_dir"])
+        assert run.sources[0].suffix == (".csv" if logger == "csv" else ".wandb")
+        assert run.get(TRAIN_LOSS) is not None, (logger, run.sources, sorted(run.metrics))
+        steps, loss = run.get(TRAIN_LOSS)
+        assert steps.tolist() == list(range(summary["steps"]))
+        assert all(2.0 < v < 6.0 for v in loss)  # about ln(vocab) this early
+        val_steps, val = run.get(VAL_LOSS)
+        assert len(val) == 2
+        assert val[-1] == pytest.approx(summary["val_loss"], rel=1e-6)
+        tokens = run.tokens_at(steps)
+        assert (tokens > 0).all() and (tokens[1:] > tokens[:-1]).all()
+        lr = run.get(LR)[1]
+        assert (lr[1:] > lr[:-1]).all()  # warmup
+        assert (run.get(TOKENS_PER_SEC)[1] > 0).all()
+        assert run.get(TOKENS) is not None
+
+
+def test_runs_cli_on_real_runs(real_runs, tmp_path, capsys):
+    from PIL import Image
+
+    from minigpt.viz.__main__ import main
+
+    out = tmp_path / "runs.png"
+    dirs = [real_runs["csv"]["run_dir"], real_runs["wandb"]["run_dir"]]
+    assert main(["runs", *dirs, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("best val/loss") == 2
+    with Image.open(out) as image:
+        assert image.size == (1600, 480)
+
+
+def test_attention_cli_on_a_real_checkpoint(real_runs, tmp_path, capsys):
+    from PIL import Image
+
+    from minigpt.viz.__main__ import main
+
+    out = tmp_path / "heads.png"
+    ckpt = real_runs["csv"]["last"]
+    assert main(["attention", "--ckpt", ckpt, "--prompt", "ROMEO:\nO, she doth teach",
+                 "--layer", "1", "--out", str(out)]) == 0
+    assert "24 tokens, 2 layers, 2 heads" in capsys.readouterr().out  # characters
+    with Image.open(out) as image:
+        assert image.size == tuple(round(v * 100) for v in figure_layout(2, 24)[2:])
+    assert main(["attention", "--ckpt", ckpt, "--prompt", "x" * 33, "--out", str(out)]) == 2
+    assert "the prompt is 33 tokens; the model sees at most context_length=32" in (
+        capsys.readouterr().err)

@@ -8,7 +8,8 @@ Two log formats are read, both written by a normal ``python train.py``:
   history JSON offline, only this record log: LevelDB's log format (32 KiB blocks of
   checksum/length/type-framed chunks after a 7-byte ``:W&B`` header) holding protobuf
   ``Record``s. We read its ``history`` records with the protobuf classes wandb ships; this is
-  wandb's internal format, so the CSV log is the one to rely on.
+  wandb's internal format, so the CSV log is the one to rely on. (wandb's service process
+  writes the file asynchronously: its last records can land a moment after the run ends.)
 
 Everything is found by searching the run directory, so a Hydra run dir, a Lightning log dir or
 the wandb run dir itself all work. A resumed run that logged into several ``version_*`` folders
