@@ -407,6 +407,18 @@ def test_kill_minus_9_never_leaves_files_taken_as_complete(tmp_path):
     assert new["fingerprint"] != old["fingerprint"] and not list(root.glob(".tmp-tiny-*"))
 
 
+def test_concurrent_preparations_agree(tmp_path):
+    """Two preparations at once (e.g. DDP ranks) serialise on the lock; the second reuses."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    (tmp_path / "a.txt").write_text("all the world's a stage " * 50)
+    cfg = files_cfg(tmp_path, [tmp_path / "a.txt"])
+    with ThreadPoolExecutor(2) as pool:
+        metas = list(pool.map(lambda _: prepare_dataset(cfg, tmp_path / "data", progress=False),
+                              range(2)))
+    assert metas[0] == metas[1] and not list((tmp_path / "data").glob(".tmp-*"))
+
+
 # ---- the command line -------------------------------------------------------------------------
 
 def run_cli(*args, cwd):
@@ -552,6 +564,24 @@ class Recorder:
                 return torch.optim.SGD(self.parameters(), lr=0.1)
 
         return _Recorder()
+
+
+def test_state_dict_round_trip_without_a_trainer(char_data):
+    cfg, root, _ = char_data
+    dm = TokenDataModule(cfg, context_length=8, seed=5, data_root=root)
+    dm.start_batch = 17
+    state = dm.state_dict()
+    assert state["batches_consumed"] == 17
+    other = TokenDataModule(cfg, context_length=8, seed=5, data_root=root)
+    other.load_state_dict(state)
+    assert other.start_batch == 17
+    changed = TokenDataModule({**cfg, "batch_size": 8}, context_length=8, seed=5, data_root=root)
+    with pytest.warns(UserWarning, match="batch_size: 4 -> 8"):
+        changed.load_state_dict(state)
+    first = next(iter(other.train_dataloader()))[0]
+    tokens = open_tokens(root / "shakespeare_char", "train")
+    start = window_starts(5, 0, 17, 4, len(tokens), 8)[0]
+    np.testing.assert_array_equal(first[0].numpy(), tokens[start:start + 8])
 
 
 def test_resume_continues_with_the_exact_batches(char_data, tmp_path):
