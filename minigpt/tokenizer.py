@@ -62,7 +62,8 @@ def _load_encoding(name: str):
     try:
         return tiktoken.get_encoding(name)
     except Exception as e:  # tiktoken raises network, hash and I/O errors from deep inside
-        reason = (str(e).splitlines() or [""])[0][:160]
+        reason = (str(e).splitlines() or [""])[0]
+        reason = reason if len(reason) <= 120 else reason[:117] + "..."
         cache = os.environ.get("TIKTOKEN_CACHE_DIR", "unset")
         raise TokenizerUnavailableError(
             f"cannot load the tiktoken encoding {name!r} ({type(e).__name__}: {reason}); it is "

@@ -154,4 +154,4 @@ def _first_line(e: BaseException) -> str:
     while e.__cause__ is not None or e.__context__ is not None:  # the root cause says the most
         e = e.__cause__ or e.__context__
     line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    return f"{type(e).__name__}: {line[:200]}"
+    return f"{type(e).__name__}: {line if len(line) <= 200 else line[:197] + '...'}"
