@@ -151,6 +151,43 @@ class GPT(nn.Module):
         ``position_ids`` (B, T) defaults to 0..T-1 after any cached tokens; left-padded batches
         pass their own so each row's first real token sits at position 0.
         """
+        x = self.hidden_states(idx, key_padding_mask, position_ids, kv_caches)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, C)
+        return self.lm_head(x)  # (B, T, V)
+
+    def loss(
+        self,
+        idx: Tensor,
+        targets: Tensor,
+        key_padding_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        ignore_index: int = -100,
+    ) -> Tensor:
+        """Mean next-token cross-entropy (float32 scalar) of ``idx`` (B, T) against ``targets``
+        (B, T); targets equal to ``ignore_index`` do not count.
+
+        The same number as ``F.cross_entropy(model(idx).flatten(0, 1).float(), targets.flatten())``
+        but the (B, T, V) logits are never materialized (see ``minigpt.loss``): the fastest way to
+        train, especially under bfloat16 autocast.
+        """
+        from minigpt.loss import linear_cross_entropy
+
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, "
+                             f"got {tuple(targets.shape)}")
+        x = self.hidden_states(idx, key_padding_mask, position_ids)  # (B, T, C)
+        return linear_cross_entropy(x.flatten(0, 1), self.lm_head.weight, targets.flatten(),
+                                    ignore_index=ignore_index)
+
+    def hidden_states(
+        self,
+        idx: Tensor,
+        key_padding_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        kv_caches: list[KVCache] | None = None,
+    ) -> Tensor:
+        """The final-LayerNorm output (B, T, C) that the LM head turns into logits."""
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (batch, tokens), got {tuple(idx.shape)}")
         T = idx.shape[1]
@@ -165,9 +202,7 @@ class GPT(nn.Module):
         x = self.drop(self.tok_emb(idx) + self.pos_emb(position_ids))  # (B, T, C)
         for i, block in enumerate(self.blocks):
             x = block(x, key_padding_mask, kv_caches[i] if kv_caches else None)
-        if last_only:
-            x = x[:, -1:]  # (B, 1, C)
-        return self.lm_head(self.final_norm(x))  # (B, T, V)
+        return self.final_norm(x)
 
     def new_kv_caches(
         self, batch_size: int, capacity: int | None = None, *, device=None, dtype=None

@@ -191,3 +191,44 @@ def test_model_imports_no_framework():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# --- loss ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 5])
+def test_loss_equals_cross_entropy_of_logits_with_gradients(chunk_rows, monkeypatch):
+    import minigpt.loss
+
+    if chunk_rows:  # several chunks, the last one short (2 x 16 = 32 rows)
+        monkeypatch.setattr(minigpt.loss, "_CHUNK_ELEMENTS", chunk_rows * TINY["vocab_size"])
+    model = tiny()
+    idx = torch.randint(0, 97, (2, 16))
+    targets = torch.randint(0, 97, (2, 16))
+    targets[0, :3] = -100  # ignored
+    reference = F.cross_entropy(model(idx).flatten(0, 1), targets.flatten(), ignore_index=-100)
+    expected = torch.autograd.grad(reference, list(model.parameters()))
+    loss = model.loss(idx, targets)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    torch.testing.assert_close(loss, reference)
+    for g, e in zip(grads, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(model.loss(idx, targets), reference)
+
+
+def test_loss_under_bfloat16_autocast_matches_autocast_logits():
+    model = tiny()
+    idx, targets = torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reference = F.cross_entropy(model(idx).flatten(0, 1).float(), targets.flatten())
+        loss = model.loss(idx, targets)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, reference, rtol=1e-3, atol=1e-3)
+    loss.backward()
+    assert model.tok_emb.weight.grad.dtype == torch.float32
+
+
+def test_loss_rejects_mismatched_targets():
+    with pytest.raises(ValueError, match=r"targets must have the shape of idx \(2, 16\)"):
+        tiny().loss(torch.zeros(2, 16, dtype=torch.long), torch.zeros(2, 15, dtype=torch.long))

@@ -1,0 +1,173 @@
+"""Training-step throughput: our GPT vs ``transformers.GPT2LMHeadModel`` (SDPA attention).
+
+    python bench/train_step.py                       # toy and GPT-2 small, all cores
+    python bench/train_step.py --sizes toy --repeats 10
+
+One step = forward + cross-entropy loss + backward + ``AdamW(fused=True).step()`` (zero_grad with
+set_to_none), dropout 0, train mode, the same configuration and batch for every variant:
+
+* ``ours fp32`` / ``HF fp32``: float32 throughout;
+* ``ours bf16``: the precision this CPU gets by default (AVX512-BF16 here): forward and loss under
+  ``torch.autocast("cpu", dtype=torch.bfloat16)``, float32 master weights and optimizer.
+
+Our model computes its loss with ``GPT.loss`` (its training API); Hugging Face's logits go
+through ``F.cross_entropy`` directly (cheaper than its ``labels=`` path, which copies shifted
+logits), so HF gets its best case. All variants live in one process and are stepped interleaved
+(ours, HF, ours bf16, ours, ...) after warm-up; medians of ``--repeats`` steps. Achieved FLOP/s
+counts ``GPT.flops_per_token`` (6 N + 12 L T C, N without position embeddings) per token; MFU is
+against the float32 (or bfloat16) matmul peak measured here with a large square ``torch.mm``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from minigpt.model import GPT, GPTConfig  # noqa: E402
+
+VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64, for both models
+SIZES = {  # name -> (n_layer, n_head, n_embd, tokens, default batch)
+    "toy": (6, 6, 384, 256, 8),
+    "gpt2-small": (12, 12, 768, 256, 4),
+}
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
+    """FLOP/s of an n x n x n ``torch.mm``: the best of ``repeats`` after warm-up (the machine's
+    reachable peak; other processes only ever lower a sample)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    out = torch.empty(n, n, dtype=dtype)
+    for _ in range(3):
+        torch.mm(a, b, out=out)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+class Variant:
+    """A model, its optimizer and one training step."""
+
+    def __init__(self, name: str, model: torch.nn.Module, loss_fn, autocast: bool):
+        self.name, self.model, self.loss_fn, self.autocast = name, model.train(), loss_fn, autocast
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1,
+                                           fused=True)
+        self.times: list[float] = []
+        self.losses: list[float] = []
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+            loss = self.loss_fn(self.model, x, y)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - start
+        self.losses.append(loss.item())
+        return elapsed
+
+
+def ours_loss(model: GPT, x, y):
+    if hasattr(model, "loss"):
+        return model.loss(x, y)
+    return F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+
+
+def hf_loss(model, x, y):
+    logits = model(input_ids=x).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+
+def build(size: str, variants: list[str]) -> tuple[list[Variant], GPT]:
+    import transformers
+
+    n_layer, n_head, n_embd, T, _ = SIZES[size]
+    config = GPTConfig(vocab_size=VOCAB, context_length=T, n_layer=n_layer, n_head=n_head,
+                       n_embd=n_embd, dropout=0.0)
+    built = []
+    reference = None
+    for name in variants:
+        torch.manual_seed(0)
+        if name.startswith("ours"):
+            model = GPT(config)
+            reference = model
+            built.append(Variant(name, model, ours_loss, autocast=name.endswith("bf16")))
+        else:
+            hf_config = transformers.GPT2Config(
+                vocab_size=VOCAB, n_positions=T, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+                attn_implementation="sdpa",
+            )
+            model = transformers.GPT2LMHeadModel(hf_config)
+            assert model.config._attn_implementation == "sdpa"
+            built.append(Variant(name, model, hf_loss, autocast=name.endswith("bf16")))
+    if reference is None:
+        with torch.device("meta"):
+            reference = GPT(config)
+    return built, reference
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=os.cpu_count(),
+                        help="torch.set_num_threads (default: all cores)")
+    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
+    parser.add_argument("--batch", type=int, help="batch size (default: 8 toy, 4 gpt2-small)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--variants", nargs="+", default=["ours fp32", "HF fp32", "ours bf16"],
+                        choices=["ours fp32", "HF fp32", "ours bf16", "HF bf16"])
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    peak = {torch.float32: matmul_peak(torch.float32), torch.bfloat16: matmul_peak(torch.bfloat16)}
+    print(f"torch {torch.__version__}, {args.threads} thread(s); measured matmul peak: "
+          f"float32 {peak[torch.float32] / 1e9:.0f} GFLOP/s, "
+          f"bfloat16 {peak[torch.bfloat16] / 1e9:.0f} GFLOP/s")
+    print(f"AdamW(fused=True), dropout 0, vocab {VOCAB}; median of {args.repeats} steps after "
+          f"{args.warmup} warm-up, variants interleaved\n")
+    header = (f"{'size':<11} {'B x T':>8} {'variant':<10} {'step s':>7} {'tokens/s':>9} "
+              f"{'GFLOP/s':>8} {'MFU':>6} {'vs HF fp32':>10}")
+    print(header)
+    print("-" * len(header))
+    for size in args.sizes:
+        n_layer, n_head, n_embd, T, default_batch = SIZES[size]
+        B = args.batch or default_batch
+        variants, reference = build(size, args.variants)
+        generator = torch.Generator().manual_seed(0)
+        data = torch.randint(0, VOCAB, (B, T + 1), generator=generator)
+        x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+        for i in range(args.warmup + args.repeats):
+            for variant in variants:
+                elapsed = variant.step(x, y)
+                if i >= args.warmup:
+                    variant.times.append(elapsed)
+        flops_per_token = reference.flops_per_token(seq_len=T)
+        medians = {v.name: statistics.median(v.times) for v in variants}
+        for variant in variants:
+            seconds = medians[variant.name]
+            tokens_per_s = B * T / seconds
+            flops = tokens_per_s * flops_per_token
+            dtype = torch.bfloat16 if variant.autocast else torch.float32
+            speedup = (f"{medians['HF fp32'] / seconds:>9.2f}x" if "HF fp32" in medians
+                       else f"{'':>10}")
+            print(f"{size:<11} {f'{B}x{T}':>8} {variant.name:<10} {seconds:>7.2f} "
+                  f"{tokens_per_s:>9.0f} {flops / 1e9:>8.1f} {flops / peak[dtype]:>6.1%} "
+                  f"{speedup}")
+        del variants
+    print("\nMFU = achieved FLOP/s / measured matmul peak of the variant's compute dtype "
+          "(float32 or bfloat16); vs HF fp32 = HF fp32 step time / variant step time")
+
+
+if __name__ == "__main__":
+    main()

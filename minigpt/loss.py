@@ -1,0 +1,111 @@
+"""Cross-entropy over the LM head without materializing the (N, V) logits: ``GPT.loss``.
+
+``linear_cross_entropy(h, W, targets)`` equals ``F.cross_entropy((h @ W.T).float(), targets)``
+(mean over non-ignored targets), but walks the N rows in chunks: each chunk's logits live in one
+reused buffer, the softmax is taken in float32, and the gradients for ``h`` and ``W`` are computed
+right there (softmax - one-hot, scaled by 1 / n_valid), so backward only scales them. For GPT-2
+the logits are the largest activations of a step (N x 50304 floats, gradient and log-softmax
+copies again); not allocating them saves memory traffic and page faults, which matters most in
+bfloat16 where the matmuls themselves are cheap.
+
+Under ``torch.autocast`` the matmuls run in the autocast dtype (as ``nn.Linear`` would) and the
+softmax in float32 (as the usual ``logits.float()``). Shape letters: N rows (B * T), C features,
+V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_CHUNK_ELEMENTS = 2**23  # logits per chunk: 32 MiB in float32, so a chunk stays cache-friendly
+
+
+def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = -100,
+                         chunk_rows: int | None = None) -> Tensor:
+    """Mean cross-entropy of logits ``h @ weight.T`` against ``targets``.
+
+    ``h`` (N, C), ``weight`` (V, C), ``targets`` (N,) int; targets equal to ``ignore_index`` do not
+    count. Returns a float32 scalar (NaN if every target is ignored, as ``F.cross_entropy``).
+    """
+    if h.dim() != 2 or weight.dim() != 2 or h.shape[1] != weight.shape[1]:
+        raise ValueError(f"need h (N, C) and weight (V, C), got {tuple(h.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if targets.shape != h.shape[:1]:
+        raise ValueError(f"targets must have shape ({h.shape[0]},), got {tuple(targets.shape)}")
+    chunk = chunk_rows or max(1, _CHUNK_ELEMENTS // weight.shape[0])
+    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        return _LinearCrossEntropy.apply(h, weight, targets, ignore_index, chunk)
+    loss, _, _ = _forward(h, weight, targets, ignore_index, chunk, need_grads=False)
+    return loss
+
+
+def _compute_dtype(h: Tensor) -> torch.dtype:
+    if torch.is_autocast_enabled(h.device.type):
+        return torch.get_autocast_dtype(h.device.type)
+    return h.dtype
+
+
+def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chunk: int,
+             need_grads: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    dtype = _compute_dtype(h)
+    hc, wc = h.detach().to(dtype), weight.detach().to(dtype)
+    N, V = h.shape[0], weight.shape[0]
+    valid = targets != ignore_index  # (N,)
+    n_valid = valid.sum()
+    safe_targets = targets.masked_fill(~valid, 0)
+    losses = torch.empty(N, dtype=torch.float32, device=h.device)
+    grad_h = torch.empty_like(hc) if need_grads else None
+    grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if need_grads else None
+    scale = 1.0 / n_valid.clamp(min=1).to(torch.float32)
+    # Buffers reused by every chunk: fresh large tensors cost page faults on each allocation.
+    logits = torch.empty(min(chunk, N), V, dtype=dtype, device=h.device)
+    logits32 = logits if dtype == torch.float32 else torch.empty_like(logits, dtype=torch.float32)
+    for start in range(0, N, chunk):
+        end = min(start + chunk, N)
+        z = torch.mm(hc[start:end], wc.t(), out=logits[: end - start])  # (n, V)
+        z32 = z if z.dtype == torch.float32 else logits32[: end - start].copy_(z)
+        lse = torch.logsumexp(z32, dim=-1)  # (n,)
+        t = safe_targets[start:end, None]  # (n, 1)
+        target_logit = z32.gather(1, t).squeeze(1)
+        losses[start:end] = (lse - target_logit).masked_fill_(~valid[start:end], 0.0)
+        if need_grads:
+            # d(mean loss)/d logits = (softmax - one_hot) / n_valid, zero on ignored rows.
+            probs = z32.sub_(lse[:, None]).exp_()  # in place: z is not needed any more
+            probs.scatter_add_(1, t, torch.full_like(t, -1, dtype=probs.dtype))
+            probs.mul_((valid[start:end, None] * scale).to(probs.dtype))
+            # (n, V) in the matmul dtype, as autocast's backward would use; z is free to reuse.
+            g = probs if dtype == torch.float32 else z.copy_(probs)
+            torch.mm(g, wc, out=grad_h[start:end])  # (n, C)
+            if dtype == torch.float32:
+                grad_w.addmm_(g.t(), hc[start:end])  # (V, C)
+            else:
+                grad_w.add_(torch.mm(g.t(), hc[start:end]))
+    loss = losses.sum() / n_valid.to(torch.float32)
+    return loss, grad_h, grad_w
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, weight, targets, ignore_index, chunk):
+        loss, grad_h, grad_w = _forward(h, weight, targets, ignore_index, chunk, need_grads=True)
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.dtypes = (h.dtype, weight.dtype)
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):
+        grad_h, grad_w = ctx.saved_tensors
+        h_dtype, w_dtype = ctx.dtypes
+        # The saved gradients are ours alone (computed in forward): scale them in place.
+        grad_h = grad_h.mul_(grad_loss).to(h_dtype) if ctx.needs_input_grad[0] else None
+        grad_w = grad_w.mul_(grad_loss).to(w_dtype) if ctx.needs_input_grad[1] else None
+        return grad_h, grad_w, None, None, None
+
+
+def reference_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor,
+                            ignore_index: int = -100) -> Tensor:
+    """The plain formulation ``linear_cross_entropy`` must equal (for tests and checks)."""
+    return F.cross_entropy((h @ weight.t()).float(), targets, ignore_index=ignore_index)
