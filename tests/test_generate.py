@@ -29,6 +29,16 @@ generate_cli = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(generate_cli)
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one thread is faster than two, which mostly wait for each other on a busy
+    machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def tiny_model(vocab_size=64, context_length=32, seed=0):
     torch.manual_seed(seed)
     return GPT(GPTConfig(vocab_size=vocab_size, context_length=context_length, n_layer=2,
@@ -246,7 +256,7 @@ def test_command_line_writes_no_files_and_errors_in_one_line(char_ckpt, tmp_path
     path, _, _ = char_ckpt
     work = tmp_path / "work"
     work.mkdir()
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(ROOT / "generate.py"), f"ckpt_path={path}", "max_new_tokens=5",
            "prompt=hear", "temperature=0"]
     ok = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env, timeout=120)
@@ -257,3 +267,27 @@ def test_command_line_writes_no_files_and_errors_in_one_line(char_ckpt, tmp_path
                          timeout=120)
     assert bad.returncode == 1
     assert bad.stderr.splitlines() == ["error: top_p=2 must be in (0, 1] (or None for no limit)"]
+
+
+def test_train_then_generate(tmp_path, monkeypatch):
+    """train.py's runner writes outputs/<run>/checkpoints/last.ckpt; generate.py finds and uses
+    it with no arguments (a few optimizer steps of the toy char model)."""
+    from minigpt.data import prepare_dataset
+    from minigpt.runner import run as train
+
+    overrides = [
+        "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.context_length=32",
+        "data.batch_size=4", "data.val_tokens=128", "trainer=cpu", "trainer.max_steps=3",
+        "trainer.val_check_interval=3", "trainer.enable_progress_bar=false",
+        "trainer.precision=32-true", "logger=none", "sample.max_new_tokens=0",
+        f"data_root={tmp_path / 'data'}",
+    ]
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        train_cfg = compose("train", overrides=overrides)
+    prepare_dataset(train_cfg.data, tmp_path / "data", progress=False)
+    summary = train(train_cfg, run_dir=tmp_path / "outputs" / "run")
+    monkeypatch.chdir(tmp_path)
+    samples, printed = run("prompt=ROMEO:", "max_new_tokens=20", "seed=1")
+    assert samples[0].startswith("ROMEO:") and printed == samples[0] + "\n"
+    model, tokenizer, _ = load_checkpoint(summary["last"])
+    assert tokenizer.name == "char" and model.config.context_length == 32

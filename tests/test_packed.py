@@ -11,6 +11,16 @@ from minigpt.sampling import generate
 pytestmark = pytest.mark.skipif(not can_pack(), reason="needs PyTorch with oneDNN on the CPU")
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one thread is faster than two, which mostly wait for each other on a busy
+    machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def tiny_model(seed=0):
     torch.manual_seed(seed)
     return GPT(GPTConfig(vocab_size=64, context_length=24, n_layer=2, n_head=2, n_embd=32,
