@@ -330,6 +330,19 @@ def test_truncated_bin_is_detected_and_prepare_repairs_it(tmp_path):
     assert load_meta(directory)["train_tokens"] == meta["train_tokens"]
 
 
+def test_datamodule_refuses_data_prepared_with_other_settings(tmp_path):
+    (tmp_path / "a.txt").write_text("some text to prepare " * 10)
+    cfg = files_cfg(tmp_path, [tmp_path / "a.txt"])
+    prepare_dataset(cfg, tmp_path / "data", progress=False)
+    dm = TokenDataModule({**cfg, "val_fraction": 0.5}, context_length=8, data_root=tmp_path / "data")
+    with pytest.raises(DataError, match="prepared from other sources or settings") as e:
+        dm.setup("fit")
+    one_line(e)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert dm.meta["val_tokens"] == 105 + 1
+
+
 def test_missing_prepared_data_says_how_to_prepare(tmp_path):
     with pytest.raises(DataError, match="meta.json is missing.*python -m minigpt.data data=nothing"):
         load_meta(tmp_path / "nothing")

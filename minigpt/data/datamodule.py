@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from minigpt.data.config import DataConfig, DataError
-from minigpt.data.prepare import load_meta, prepare_dataset
+from minigpt.data.prepare import fingerprint, fingerprint_inputs, load_meta, prepare_dataset
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
 
 
@@ -123,8 +123,21 @@ class TokenDataModule(L.LightningDataModule):
     @property
     def meta(self) -> dict:
         if self._meta is None:
-            self._meta = load_meta(self.directory)
+            self._meta = self._load_meta()
         return self._meta
+
+    def _load_meta(self) -> dict:
+        """The prepared meta, refusing files prepared from other sources or settings."""
+        meta = load_meta(self.directory)
+        try:
+            expected = fingerprint(fingerprint_inputs(self.config))
+        except FileNotFoundError:  # the sources are not here (data copied from elsewhere): trust it
+            return meta
+        if meta["fingerprint"] != expected:
+            raise DataError(f"{self.directory} was prepared from other sources or settings than "
+                            f"data={self.config.name} has now; prepare it again (prepare_data(), or "
+                            f"python -m minigpt.data data={self.config.name})")
+        return meta
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -142,7 +155,7 @@ class TokenDataModule(L.LightningDataModule):
         self._meta = prepare_dataset(self.config, self.data_root)
 
     def setup(self, stage: str | None = None) -> None:
-        self._meta = meta = load_meta(self.directory)  # again: another process may have prepared
+        self._meta = meta = self._load_meta()  # again: another process may have prepared
         need = self.context_length + 1
         for split in ("train", "val"):
             if meta[f"{split}_tokens"] < need:
