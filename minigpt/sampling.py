@@ -175,6 +175,8 @@ def generate(
                       f"{ctx} tokens", stacklevel=2)
     padded = any(s != starts[0] for s in starts)
 
+    if max_new_tokens == 0:
+        return idx.clone()
     out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
     out[:, :T] = idx
     finished = torch.zeros(B, dtype=torch.bool, device=idx.device) if eos_id is not None else None
@@ -185,8 +187,8 @@ def generate(
         if use_cache:
             caches = model.new_kv_caches(B, ctx)
             logits = _forward_window(model, out, T, starts, padded, caches)
-        N = T
-        while N < T + max_new_tokens:
+        N = T  # tokens so far: out[:, :N]
+        for _ in range(max_new_tokens):
             if not use_cache:
                 logits = _forward_window(model, out, N, starts, padded, None)
             logits = logits[:, -1, :vocab_size]  # (B, V)
@@ -198,9 +200,7 @@ def generate(
             N += 1
             if on_token is not None:
                 on_token(token)
-            if finished is not None and bool(finished.all()):
-                break
-            if N == T + max_new_tokens:
+            if N == T + max_new_tokens or (finished is not None and bool(finished.all())):
                 break
             cropped = False
             for row, start in enumerate(starts):
