@@ -31,18 +31,17 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" \
         else cfg.device
     model, tokenizer, source = _load(cfg)
+    ctx, num_params = model.config.context_length, model.num_params()
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens but the "
+                         f"model only {model.config.vocab_size}")
     model.to(device)
-    num_params = model.num_params()  # packed layers hold no parameters
     dtype = getattr(torch, cfg.dtype)
     packed = cfg.packed and can_pack(device) and dtype in (torch.float32, torch.bfloat16)
     if packed:  # CPU: weights in oneDNN's layout (and dtype), activations stay float32
         pack_linears(model, dtype)
     else:
         model.to(dtype)
-    ctx = model.config.context_length
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens but the "
-                         f"model only {model.config.vocab_size}")
 
     ids = tokenizer.encode(prompt)  # the char tokenizer names characters it never saw
     start = ids or [tokenizer.eot_id]  # an empty prompt starts a new document
@@ -52,8 +51,7 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
         start = start[-ctx:]
     _info(f"{source}: {num_params / 1e6:.2f}M parameters, tokenizer {tokenizer.name!r}, "
           f"context {ctx}, {device} {cfg.dtype}{' packed weights' if packed else ''}; "
-          f"{cfg.num_samples} sample(s) of up to "
-          f"{cfg.max_new_tokens} tokens")
+          f"{cfg.num_samples} sample(s) of up to {cfg.max_new_tokens} tokens")
 
     stream = cfg.num_samples == 1 if cfg.stream is None else bool(cfg.stream)
     eos_id = tokenizer.eot_id if cfg.stop_at_eot else None
