@@ -23,7 +23,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from minigpt.callbacks import AtomicCheckpointIO, CheckpointOnInterrupt, SampleText
@@ -248,15 +248,20 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list, loggers: list
             state_dict_type="full",  # one .ckpt file that generate.py reads
             use_orig_params=True,
         )
-    return L.Trainer(
-        **t,
-        default_root_dir=str(run_dir),
-        callbacks=callbacks,
-        logger=loggers or False,
-        plugins=[AtomicCheckpointIO()],
-        max_epochs=-1,  # the training stream is endless; max_steps ends the run
-        check_val_every_n_epoch=None,  # val_check_interval counts batches across "epochs"
-    )
+    try:
+        return L.Trainer(
+            **t,
+            default_root_dir=str(run_dir),
+            callbacks=callbacks,
+            logger=loggers or False,
+            plugins=[AtomicCheckpointIO()],
+            max_epochs=-1,  # the training stream is endless; max_steps ends the run
+            check_val_every_n_epoch=None,  # val_check_interval counts batches across "epochs"
+        )
+    except (ValueError, TypeError, MisconfigurationException) as e:
+        # Lightning's own checks (no GPU for accelerator=gpu, FSDP on a CPU, unknown argument):
+        # clear messages, reported as a config error rather than a traceback.
+        raise ConfigError(f"trainer: {e}") from None
 
 
 def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tuple = ()) -> dict:
@@ -300,10 +305,10 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
                  SampleText(tokenizer, run_dir / "samples.txt", prompt=s.prompt,
                             max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                             top_k=s.top_k, seed=cfg.seed), *callbacks]
+    trainer = build_trainer(cfg, run_dir, callbacks, loggers=[])  # its checks first, then wandb
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["model"]["vocab_size"] = model.config.vocab_size
-    loggers = build_loggers(cfg.logger, run_dir, resolved)
-    trainer = build_trainer(cfg, run_dir, callbacks, loggers)
+    trainer.loggers = build_loggers(cfg.logger, run_dir, resolved)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), Path("outputs"))
 
     if trainer.is_global_zero:

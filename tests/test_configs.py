@@ -1,0 +1,144 @@
+"""Every Hydra config composes and builds: model sizes on the meta device (no memory), trainers
+that this machine can build, loggers; every YAML opens with a comment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from minigpt.model import GPT
+from minigpt.runner import build_loggers, build_trainer, check_config, gpt_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+def compose_train(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def test_every_yaml_opens_with_a_comment():
+    files = sorted(CONFIGS.rglob("*.yaml"))
+    assert len(files) >= 20
+    for path in files:
+        first = path.read_text().lstrip().splitlines()[0]
+        assert first.startswith("#"), f"{path.relative_to(CONFIGS)} has no header comment"
+
+
+def test_groups_have_the_promised_options():
+    assert {"toy", "gpt2_small", "gpt2_medium", "gpt2_large", "gpt2_xl"} <= set(options("model"))
+    assert {"auto", "cpu", "gpu", "ddp", "fsdp"} <= set(options("trainer"))
+    assert {"wandb", "csv", "none"} <= set(options("logger"))
+    assert {"shakespeare_char", "gpt2_owt"} <= set(options("experiment"))
+
+
+def test_defaults_are_the_offline_quick_start():
+    cfg = compose_train()
+    assert (cfg.model.name, cfg.data.name, cfg.data.tokenizer) == ("toy", "shakespeare_char", "char")
+    assert cfg.logger.type == "wandb" and cfg.trainer.accelerator == "auto"
+    assert cfg.optim.decay_steps == cfg.trainer.max_steps
+    check_config(cfg)
+
+
+@pytest.mark.parametrize(("name", "millions"), [
+    ("gpt2_small", 124.4), ("gpt2_medium", 354.8), ("gpt2_large", 774.0), ("gpt2_xl", 1557.6),
+])
+def test_gpt2_sizes_on_meta_device(name, millions):
+    cfg = compose_train(f"model={name}")
+    assert cfg.data.tokenizer == "gpt2"  # the GPT-2 sizes switch the data to GPT-2 BPE
+    with torch.device("meta"):
+        model = GPT(gpt_config(cfg.model, 50257))
+    assert model.num_params() / 1e6 == pytest.approx(millions, abs=0.1)
+    check_config(cfg)
+
+
+def test_command_line_data_wins_over_the_model_default():
+    assert compose_train("model=gpt2_small", "data=openwebtext").data.name == "openwebtext"
+
+
+@pytest.mark.parametrize("name", ["toy"])
+def test_small_models_build_for_real(name):
+    cfg = compose_train(f"model={name}")
+    model = GPT(gpt_config(cfg.model, 128))
+    assert 1e5 < model.num_params() < 2e7
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_experiments_compose(experiment):
+    cfg = compose_train(f"experiment={experiment}")
+    check_config(cfg)
+    assert cfg.optim.lr > cfg.optim.min_lr > 0
+
+
+def test_gpt2_owt_is_nanogpt_like():
+    cfg = compose_train("experiment=gpt2_owt")
+    tokens = cfg.data.batch_size * cfg.model.context_length * cfg.trainer.accumulate_grad_batches
+    assert 0.45e6 < tokens < 0.55e6
+    assert (cfg.model.name, cfg.data.name) == ("gpt2_small", "openwebtext")
+    assert (cfg.optim.lr, cfg.optim.min_lr) == (6e-4, 6e-5) and cfg.optim.warmup_steps > 0
+
+
+@pytest.mark.parametrize("trainer", options("trainer"))
+def test_trainers_compose_and_build_where_possible(trainer, tmp_path):
+    cfg = compose_train(f"trainer={trainer}", "logger=none")
+    if cfg.trainer.accelerator == "gpu" and not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    built = build_trainer(cfg, tmp_path, callbacks=[], loggers=[])
+    assert built.max_steps == cfg.trainer.max_steps
+    assert built.precision in ("bf16-mixed", "16-mixed", "32-true")
+
+
+def test_overrides_users_reach_for():
+    cfg = compose_train(
+        "trainer.max_steps=10", "trainer.devices=1", "trainer.num_nodes=1",
+        "trainer.precision=32-true", "trainer.accumulate_grad_batches=2",
+        "trainer.val_check_interval=5", "data.batch_size=8", "optim.lr=3e-4", "model.dropout=0.1",
+        "seed=7", "ckpt_path=last", "compile=true", "model.init_from=/some/dir",
+    )
+    assert cfg.optim.decay_steps == 10 and cfg.model.dropout == 0.1 and cfg.compile
+    check_config(cfg)
+
+
+@pytest.mark.parametrize("logger", ["csv", "none"])
+def test_loggers_build(logger, tmp_path):
+    loggers = build_loggers(compose_train(f"logger={logger}").logger, tmp_path, {})
+    assert [type(lg).__name__ for lg in loggers] == (["CSVLogger"] if logger == "csv" else [])
+
+
+def test_wandb_logger_builds_without_network(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    loggers = build_loggers(compose_train("logger=wandb").logger, tmp_path, {"a": 1})
+    assert [type(lg).__name__ for lg in loggers] == ["WandbLogger"]
+
+
+def test_fsdp_wraps_each_block(tmp_path, monkeypatch):
+    # FSDP needs CUDA; check the strategy we hand Lightning instead of running it.
+    import lightning as L
+
+    from minigpt.model import Block
+
+    seen = {}
+    monkeypatch.setattr(L, "Trainer", lambda **kw: seen.update(kw))
+    build_trainer(compose_train("trainer=fsdp"), tmp_path, callbacks=[], loggers=[])
+    strategy = seen["strategy"]
+    assert type(strategy).__name__ == "FSDPStrategy"
+    assert strategy.kwargs["use_orig_params"] is True
+    assert strategy._state_dict_type == "full"
+    policy = strategy.kwargs["auto_wrap_policy"]
+    assert set(policy._module_classes) == {Block}
+
+
+def test_trainer_problems_are_config_errors(tmp_path):
+    from minigpt.runner import ConfigError
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError, match="trainer: .*(GPU|gpu|CUDA|cuda)"):
+        build_trainer(compose_train("trainer=fsdp"), tmp_path, callbacks=[], loggers=[])
