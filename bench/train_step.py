@@ -131,9 +131,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     peak = {torch.float32: matmul_peak(torch.float32), torch.bfloat16: matmul_peak(torch.bfloat16)}
-    print(f"torch {torch.__version__}, {args.threads} thread(s); measured matmul peak: "
-          f"float32 {peak[torch.float32] / 1e9:.0f} GFLOP/s, "
-          f"bfloat16 {peak[torch.bfloat16] / 1e9:.0f} GFLOP/s")
+    print(f"torch {torch.__version__}, {args.threads} thread(s)")
     print(f"AdamW(fused=True), dropout 0, vocab {VOCAB}; median of {args.repeats} steps after "
           f"{args.warmup} warm-up, variants interleaved\n")
     header = (f"{'size':<11} {'B x T':>8} {'variant':<10} {'step s':>7} {'tokens/s':>9} "
@@ -152,6 +150,8 @@ def main() -> None:
                 elapsed = variant.step(x, y)
                 if i >= args.warmup:
                     variant.times.append(elapsed)
+            for dtype in peak:  # re-measure the peak between rounds: keep the best seen
+                peak[dtype] = max(peak[dtype], matmul_peak(dtype, repeats=1))
         flops_per_token = reference.flops_per_token(seq_len=T)
         medians = {v.name: statistics.median(v.times) for v in variants}
         for variant in variants:
@@ -165,7 +165,10 @@ def main() -> None:
                   f"{tokens_per_s:>9.0f} {flops / 1e9:>8.1f} {flops / peak[dtype]:>6.1%} "
                   f"{speedup}")
         del variants
-    print("\nMFU = achieved FLOP/s / measured matmul peak of the variant's compute dtype "
+    print(f"\nmeasured matmul peak (best 2048^3 torch.mm seen during the run): float32 "
+          f"{peak[torch.float32] / 1e9:.0f} GFLOP/s, bfloat16 {peak[torch.bfloat16] / 1e9:.0f} "
+          "GFLOP/s")
+    print("MFU = achieved FLOP/s / measured matmul peak of the variant's compute dtype "
           "(float32 or bfloat16); vs HF fp32 = HF fp32 step time / variant step time")
 
 
