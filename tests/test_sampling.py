@@ -289,3 +289,22 @@ def test_generate_rejects_bad_input(kwargs, match):
     args = {"idx": torch.tensor([[1, 2]]), "max_new_tokens": 3, **kwargs}
     with pytest.raises(ValueError, match=match):
         generate(tiny_model(), **args)
+
+
+def test_cache_runs_the_prompt_once_then_one_token_per_step():
+    model = tiny_model(context_length=16)
+    fed = []
+    model.register_forward_pre_hook(lambda m, args, kwargs: fed.append(args[0].shape[1]),
+                                    with_kwargs=True)
+    generate(model, torch.tensor([[1, 2, 3, 4, 5]]), 12, temperature=0)  # 17 tokens, no crop
+    assert fed == [5] + [1] * 11  # the last sampled token needs no forward pass
+    fed.clear()
+    generate(model, torch.tensor([[1, 2, 3, 4, 5]]), 20, temperature=0, crop_to=6)
+    # tokens 6..16 fill the context one at a time; the 17th overflows it: one refill pass over
+    # the last 6 tokens, then one token at a time again
+    assert fed == [5] + [1] * 11 + [6] + [1] * 7
+
+
+def test_zero_new_tokens_returns_the_prompt():
+    idx = torch.tensor([[1, 2, 3]])
+    assert torch.equal(generate(tiny_model(), idx, 0), idx)
