@@ -27,12 +27,15 @@ def tiny_model(seed=0):
                          init_std=1.0)).eval()
 
 
+@pytest.mark.parametrize("wide", [False, True])  # True: the MKL path of wide (LM head) layers
 @pytest.mark.parametrize("shape", [(5, 48), (1, 1, 48), (2, 7, 48)])
-def test_packed_linear_matches_linear(shape):
-    linear = nn.Linear(48, 80)
+def test_packed_linear_matches_linear(shape, wide):
+    linear = nn.Linear(48, 400 if wide else 80)
     x = torch.randn(shape)
     with torch.inference_mode():
-        torch.testing.assert_close(PackedLinear(linear)(x), linear(x))
+        packed = PackedLinear(linear)
+        assert packed.use_mkl == wide
+        torch.testing.assert_close(packed(x), linear(x))
         bf16 = PackedLinear(linear, torch.bfloat16)(x)
         assert bf16.dtype == torch.float32  # bfloat16 weights, float32 activations
         torch.testing.assert_close(bf16, linear(x), rtol=2e-2, atol=2e-2)
