@@ -1,8 +1,8 @@
 """Decoding speed: new tokens/s of greedy generation, ours (KV cache, no cache, bf16 weights) vs
 ``transformers.GPT2LMHeadModel.generate(use_cache=True, do_sample=False)``.
 
-    python bench/generate.py                        # GPT-2 small (124M), 2 threads, prints a table
-    python bench/generate.py --threads 1 --repeats 7
+    python bench/generate.py                  # GPT-2 small (124M), 1 thread, ~7 min, a table
+    python bench/generate.py --threads 2 --repeats 7 --nocache-repeats 1
 
 Workload (issue 5): batch 1, a 16-token prompt, 256 new tokens, greedy, random GPT-2-small-sized
 weights (vocab 50257), float32. Both models hold the same weights (ours is saved with
@@ -10,6 +10,8 @@ weights (vocab 50257), float32. Both models hold the same weights (ours is saved
 All variants are built in this one process and timed round-robin after a warm-up, so machine
 noise hits them alike; each variant's median over ``--repeats`` runs is reported. The no-cache
 path reruns the whole sequence every token, so it gets fewer repeats (``--nocache-repeats``).
+"packed" is what generate.py runs on the CPU: ``minigpt.packed.pack_linears`` (oneDNN-packed
+linear weights; "bf16 weights" keeps float32 activations), "nn.Linear" the plain model.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ HF = "transformers fp32, use_cache=True"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1: steadier when other work shares the cores)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--nocache-repeats", type=int, default=2)
+    parser.add_argument("--nocache-repeats", type=int, default=1)
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--no-transformers", action="store_true", help="skip the HF baseline")
