@@ -163,8 +163,7 @@ def main(cfg: DictConfig) -> None:
 
     try:
         run(cfg)
-    except (CheckpointError, FileNotFoundError, NotADirectoryError, TokenizerUnavailableError,
-            ValueError) as e:
+    except (CheckpointError, OSError, TokenizerUnavailableError, ValueError) as e:
         sys.exit(f"error: {e}")  # one clear line, no traceback: the input was wrong
     except KeyboardInterrupt:
         sys.exit(130)

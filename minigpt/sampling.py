@@ -13,8 +13,9 @@ for both paths: ``use_cache=False`` runs the model on the same window every step
 uncached decoding agree token for token before, at and after a crop. ``crop_to=context_length``
 gives the classic sliding window (the model always sees the last ``context_length`` tokens) at
 the price of a full forward pass per token once the context is full; smaller values make
-refills rare (one every ``context_length - crop_to`` tokens) but shrink the visible history
-right after each one.
+refills rare (one per ``context_length - crop_to + 1`` new tokens) but shrink the visible
+history right after each one. So a long prompt never makes generation impossible; only an empty
+one does (start from the end-of-text token).
 
 Shape letters: B batch, T prompt tokens, N tokens so far, L window tokens, V vocabulary.
 """
