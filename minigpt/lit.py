@@ -173,8 +173,7 @@ class LitGPT(L.LightningModule):
             # ``_orig_mod.`` prefix, unlike ``torch.compile(module)``.
             self.model.compile()
         self._pending_rng: dict | None = None
-        self._batch_start = 0.0
-        self._step_time = 0.0  # compute seconds of the current optimizer step (no validation)
+        self._last_end = 0.0  # when the previous optimizer step ended
         self._tokens_per_s: float | None = None
 
     # ---- steps -------------------------------------------------------------------------------
@@ -212,6 +211,13 @@ class LitGPT(L.LightningModule):
     def _tokens_per_step(self) -> int:
         return self._tokens_per_batch * self.trainer.accumulate_grad_batches * self.trainer.world_size
 
+    def on_train_start(self):
+        self._last_end = time.perf_counter()
+
+    def on_validation_end(self):
+        # Validation, samples and checkpoints are not training throughput: restart the clock.
+        self._last_end = time.perf_counter()
+
     def on_train_batch_start(self, batch, batch_idx):
         if self._pending_rng is not None:
             # Restored here, not in on_load_checkpoint: creating the dataloader iterator after
@@ -219,16 +225,16 @@ class LitGPT(L.LightningModule):
             _set_rng_state(self._pending_rng)
             self._pending_rng = None
         self._tokens_per_batch = batch[0].numel()
-        self._batch_start = time.perf_counter()
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        self._step_time += time.perf_counter() - self._batch_start
         if (batch_idx + 1) % self.trainer.accumulate_grad_batches:
             return  # mid-accumulation: the optimizer has not stepped yet
-        rate = self._tokens_per_step() / max(self._step_time, 1e-9)
-        self._step_time = 0.0
+        now = time.perf_counter()
+        rate = self._tokens_per_step() / max(now - self._last_end, 1e-9)  # incl. data loading
+        self._last_end = now
         # Exponential moving average: one step's timing on a shared machine is noisy.
-        self._tokens_per_s = rate if self._tokens_per_s is None else 0.9 * self._tokens_per_s + 0.1 * rate
+        ema = self._tokens_per_s
+        self._tokens_per_s = rate if ema is None else 0.9 * ema + 0.1 * rate
         tokens_seen = float(self.trainer.global_step * self._tokens_per_step())
         metrics = {"tokens": tokens_seen, "tokens_per_s": self._tokens_per_s,
                    "lr": self.trainer.optimizers[0].param_groups[0]["lr"]}

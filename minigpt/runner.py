@@ -285,6 +285,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     vocab = padded_vocab_size(tokenizer.vocab_size, model_cfg.get("vocab_size"))
     model = init_model(model_cfg, tokenizer, vocab)
     context_length = model.config.context_length
+    # Same initial weights on every rank (above); from here each rank draws its own dropout masks.
+    L.seed_everything(cfg.seed + rank_zero_only.rank, workers=True, verbose=False)
     datamodule = TokenDataModule(data_cfg, context_length, seed=cfg.seed, data_root=str(data_root))
 
     lit = LitGPT(

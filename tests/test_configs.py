@@ -53,6 +53,7 @@ def test_defaults_are_the_offline_quick_start():
 def test_gpt2_sizes_on_meta_device(name, millions):
     cfg = compose_train(f"model={name}")
     assert cfg.data.tokenizer == "gpt2"  # the GPT-2 sizes switch the data to GPT-2 BPE
+    assert cfg.optim.lr == 6e-4  # ... and the learning rate to GPT-2's
     with torch.device("meta"):
         model = GPT(gpt_config(cfg.model, 50257))
     assert model.num_params() / 1e6 == pytest.approx(millions, abs=0.1)
