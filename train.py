@@ -5,7 +5,12 @@ A thin Hydra entry point; the work is ``minigpt.runner.run``."""
 import sys
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+from minigpt.runner import run_id
+
+# outputs/<date>/${run_id:}: one directory per run, shared by all ranks (configs/train.yaml)
+OmegaConf.register_new_resolver("run_id", run_id, use_cache=True)
 
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")

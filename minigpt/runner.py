@@ -211,6 +211,19 @@ class StepProgressBar(TQDMProgressBar):
         self.train_progress_bar.set_description("train")
 
 
+def run_id() -> str:
+    """The last part of the run directory: the time (HH-MM-SS), or for a multi-process launch by
+    torchrun or srun an id that every rank and node shares (their clocks may straddle a second)."""
+    from datetime import datetime
+
+    env = os.environ
+    if env.get("TORCHELASTIC_RUN_ID", "none") != "none":
+        return f"torchrun-{env['TORCHELASTIC_RUN_ID']}"
+    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in env:
+        return f"slurm-{env['SLURM_JOB_ID']}-{env.get('SLURM_STEP_ID', '0')}"
+    return datetime.now().strftime("%H-%M-%S")
+
+
 def _run_dir(run_dir) -> Path:
     if run_dir is not None:
         return Path(run_dir)
@@ -270,6 +283,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     ``run_dir`` defaults to Hydra's run directory; ``callbacks`` are added to the trainer's."""
     check_config(cfg)
     warnings.filterwarnings("ignore", message=".*IterableDataset. has .__len__. defined")
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     run_dir = _run_dir(run_dir).resolve()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision(cfg.get("matmul_precision", "high"))

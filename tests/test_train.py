@@ -341,3 +341,18 @@ def test_ddp_two_cpu_processes(tmp_path, data_root):
     assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], sums  # the ranks agree
     ckpt = torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 4 and len(ckpt["rng_states"]) == 2
+
+
+def test_run_id_is_shared_by_the_ranks_of_a_launch(monkeypatch):
+    from minigpt.runner import run_id
+
+    for var in ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_STEP_ID"):
+        monkeypatch.delenv(var, raising=False)
+    assert re.fullmatch(r"\d\d-\d\d-\d\d", run_id())
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert re.fullmatch(r"\d\d-\d\d-\d\d", run_id())  # one task: an interactive job, say
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_STEP_ID", "3")
+    assert run_id() == "slurm-42-3"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    assert run_id() == "torchrun-abc"
