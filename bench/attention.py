@@ -113,6 +113,35 @@ def time_shapes(shape: str, warmup: int, repeats: int) -> dict[str, float]:
     return {v: statistics.median(t) for v, t in times.items()}
 
 
+def time_cores(shape: str, warmup: int, repeats: int) -> dict[str, float]:
+    """Median seconds of the attention core alone (q, k, v -> context, forward + backward): the
+    part the two variants do differently. The rest of a step is the projections, which both do
+    with the same FLOPs (one fused matmul or three)."""
+    B, T, C, nh = SHAPES[shape]
+    data = torch.Generator().manual_seed(0)
+    qkv = [torch.randn(B, nh, T, C // nh, generator=data).requires_grad_() for _ in range(3)]
+    grad = torch.randn(B, nh, T, C // nh, generator=data)
+    mask = torch.triu(torch.ones(T, T), diagonal=1)  # the book's buffer
+
+    def book(q, k, v):
+        scores = (q @ k.transpose(2, 3)).masked_fill_(mask.bool(), -torch.inf)  # (B, nh, T, T)
+        return torch.softmax(scores / k.shape[-1] ** 0.5, dim=-1) @ v
+
+    def fused(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    times: dict[str, list[float]] = {"book": [], "fused": []}
+    for i in range(warmup + repeats):
+        for name, core in (("book", book), ("fused", fused)):
+            for t in qkv:
+                t.grad = None
+            start = time.perf_counter()
+            core(*qkv).backward(grad)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {v: statistics.median(t) for v, t in times.items()}
+
+
 def _rss_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -177,15 +206,28 @@ def main() -> None:
               f"{'book MiB':>9} {'fused MiB':>10} {'mem ratio':>10} {'max |diff|':>11}")
     print(header)
     print("-" * len(header))
+    block_times = {}
     for shape in shapes:
         diff = check_equal(shape)
-        t = time_shapes(shape, args.warmup, args.repeats)
+        t = block_times[shape] = time_shapes(shape, args.warmup, args.repeats)
         mem = {v: memory_in_subprocess(v, shape, args.threads) for v in ("book", "fused")}
         print(f"{shape:<26} {t['book'] * 1e3:>9.1f} {t['fused'] * 1e3:>9.1f} "
               f"{t['book'] / t['fused']:>7.2f}x {mem['book']:>9.1f} {mem['fused']:>10.1f} "
               f"{mem['fused'] / mem['book']:>9.2f}x {diff:>11.1e}")
     print("\nspeedup = book time / fused time; mem ratio = fused peak / book peak "
           "(peak resident memory of one step above the baseline, each in its own process)")
+
+    print("\nThe attention core alone (q, k, v -> context; forward + backward), where the variants "
+          "differ:\n")
+    header = (f"{'shape (B x T x C / heads)':<26} {'book ms':>9} {'SDPA ms':>9} {'speedup':>8} "
+              f"{'block time in projections (fused)':>34}")
+    print(header)
+    print("-" * len(header))
+    for shape in shapes:
+        core = time_cores(shape, args.warmup, args.repeats)
+        block = block_times[shape]["fused"]
+        print(f"{shape:<26} {core['book'] * 1e3:>9.1f} {core['fused'] * 1e3:>9.1f} "
+              f"{core['book'] / core['fused']:>7.2f}x {max(0.0, 1 - core['fused'] / block):>33.0%}")
 
 
 if __name__ == "__main__":
