@@ -31,6 +31,7 @@ from minigpt.checkpoint import find_latest_checkpoint, load_checkpoint
 from minigpt.data import DataConfig, TokenDataModule, open_tokens, prepare_dataset
 from minigpt.lit import LitGPT, default_precision
 from minigpt.model import GPT, GPTConfig
+from minigpt.tokenizer import tokenizer_from_dict
 
 log = logging.getLogger(__name__)
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of 64 for faster matmuls
@@ -285,8 +286,9 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     warnings.filterwarnings("ignore", message=".*IterableDataset. has .__len__. defined")
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     run_dir = _run_dir(run_dir).resolve()
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), Path("outputs"))
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    torch.set_float32_matmul_precision(cfg.get("matmul_precision", "high"))
+    torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
 
     # Data first: the model's vocabulary comes from the prepared data's tokenizer. Every rank
     # may call this; preparation is locked and idempotent (one prepares, the rest reuse).
@@ -294,8 +296,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     data_root = Path(cfg.data_root).expanduser().resolve()
     meta = prepare_dataset(data_cfg, data_root, progress=rank_zero_only.rank == 0)
-    dm_probe = TokenDataModule(data_cfg, 1, seed=cfg.seed, data_root=str(data_root))
-    tokenizer = dm_probe.tokenizer
+    tokenizer = tokenizer_from_dict(meta["tokenizer"])
     vocab = padded_vocab_size(tokenizer.vocab_size, model_cfg.get("vocab_size"))
     model = init_model(model_cfg, tokenizer, vocab)
     context_length = model.config.context_length
@@ -325,7 +326,6 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["model"]["vocab_size"] = model.config.vocab_size
     trainer.loggers = build_loggers(cfg.logger, run_dir, resolved)
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), Path("outputs"))
 
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
