@@ -54,6 +54,7 @@ def test_load_safetensors_matches_transformers(tmp_path, idx):
     assert model.config.n_layer == 2 and model.config.context_length == 64
     assert model.lm_head.weight is model.tok_emb.weight
     assert not model.training
+    assert all(p.requires_grad and p.dtype == torch.float32 for p in model.parameters())
     diff = (our_logits(model, idx) - hf_logits(ref, idx)).abs().max().item()
     assert diff <= 1e-4
 
