@@ -109,7 +109,7 @@ def _download(repo_id: str) -> Path:
             if _weight_files(directory):
                 return directory
     except Exception as error:  # any hub, HTTP or disk failure: one actionable line, no trace
-        reason = "offline (HF_HUB_OFFLINE is set) and not cached" if offline else (
+        reason = "offline: HF_HUB_OFFLINE is set and it is not in the local cache" if offline else (
             f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
         raise OSError(
             f"could not download {repo_id!r} from the Hugging Face Hub ({reason}); it is not a "
