@@ -27,6 +27,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 from minigpt.attention import MultiHeadAttention  # noqa: E402
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+clock = time.perf_counter  # set from --clock in main()
 SHAPES = {  # name -> (batch, tokens, d_model, heads)
     "8x256x384/6": (8, 256, 384, 6),
     "1x1024x768/12": (1, 1024, 768, 12),
@@ -106,10 +108,10 @@ def time_shapes(shape: str, warmup: int, repeats: int) -> dict[str, float]:
     times: dict[str, list[float]] = {v: [] for v in runs}
     for i in range(warmup + repeats):
         for variant, (module, x, grad) in runs.items():
-            start = time.perf_counter()
+            start = clock()
             step(module, x, grad)
             if i >= warmup:
-                times[variant].append(time.perf_counter() - start)
+                times[variant].append(clock() - start)
     return {v: statistics.median(t) for v, t in times.items()}
 
 
@@ -135,10 +137,10 @@ def time_cores(shape: str, warmup: int, repeats: int) -> dict[str, float]:
         for name, core in (("book", book), ("fused", fused)):
             for t in qkv:
                 t.grad = None
-            start = time.perf_counter()
+            start = clock()
             core(*qkv).backward(grad)
             if i >= warmup:
-                times[name].append(time.perf_counter() - start)
+                times[name].append(clock() - start)
     return {v: statistics.median(t) for v, t in times.items()}
 
 
@@ -191,7 +193,14 @@ def main() -> None:
     parser.add_argument("--shape", choices=list(SHAPES), action="append",
                         help="shape(s) to run (default: all)")
     parser.add_argument("--measure-memory", choices=["book", "fused"], help=argparse.SUPPRESS)
+    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                        help="wall: elapsed time; cpu: CPU time of the main thread, which other "
+                        "processes cannot inflate (needs --threads 1)")
     args = parser.parse_args()
+    if args.clock == "cpu" and args.threads != 1:
+        parser.error("--clock cpu measures one thread: use it with --threads 1")
+    global clock
+    clock = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
 
     if args.measure_memory:
@@ -200,7 +209,8 @@ def main() -> None:
         return
 
     shapes = args.shape or list(SHAPES)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), float32, forward + backward, "
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.clock} clock, float32, "
+          "forward + backward, "
           f"median of {args.repeats} after {args.warmup} warm-up steps\n")
     header = (f"{'shape (B x T x C / heads)':<26} {'book ms':>9} {'fused ms':>9} {'speedup':>8} "
               f"{'book MiB':>9} {'fused MiB':>10} {'mem ratio':>10} {'max |diff|':>11}")
