@@ -225,6 +225,8 @@ class LitGPT(L.LightningModule):
             _set_rng_state(self._pending_rng)
             self._pending_rng = None
         self._tokens_per_batch = batch[0].numel()
+        # The lr this step uses: by on_train_batch_end the scheduler has already moved on.
+        self._lr = self.trainer.optimizers[0].param_groups[0]["lr"]
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         if (batch_idx + 1) % self.trainer.accumulate_grad_batches:
@@ -236,8 +238,7 @@ class LitGPT(L.LightningModule):
         ema = self._tokens_per_s
         self._tokens_per_s = rate if ema is None else 0.9 * ema + 0.1 * rate
         tokens_seen = float(self.trainer.global_step * self._tokens_per_step())
-        metrics = {"tokens": tokens_seen, "tokens_per_s": self._tokens_per_s,
-                   "lr": self.trainer.optimizers[0].param_groups[0]["lr"]}
+        metrics = {"tokens": tokens_seen, "tokens_per_s": self._tokens_per_s, "lr": self._lr}
         peak = self.user_peak_flops or peak_flops(self.device)
         if peak:
             flops = self.model.flops_per_token(batch[0].shape[1]) * self._tokens_per_s

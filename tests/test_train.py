@@ -4,6 +4,7 @@ and a 2-process CPU DDP run of ``python train.py`` in a subprocess."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -108,6 +109,18 @@ def test_param_groups_decay_linear_weights_only():
     assert total == model.num_params()
 
 
+def test_mfu_peaks_only_for_known_gpus(monkeypatch):
+    from minigpt.lit import peak_flops
+
+    assert peak_flops(torch.device("cpu")) is None
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "NVIDIA A100-SXM4-80GB")
+    assert peak_flops(torch.device("cuda", 0)) == 312e12
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "NVIDIA H100 PCIe")
+    assert peak_flops(torch.device("cuda", 0)) == 756e12
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "Some Future GPU")
+    assert peak_flops(torch.device("cuda", 0)) is None
+
+
 def test_default_precision(monkeypatch):
     import minigpt.lit as lit
 
@@ -199,7 +212,7 @@ def test_wandb_login_detection_and_fallback(tmp_path, monkeypatch, data_root):
 # ---- real runs -------------------------------------------------------------------------------
 
 def test_end_to_end_run_writes_checkpoints_metrics_and_samples(tmp_path, data_root):
-    summary = run(tiny_cfg(data_root, "logger=csv"), run_dir=tmp_path / "run")
+    summary = run(tiny_cfg(data_root, "logger=csv", "peak_flops=1e12"), run_dir=tmp_path / "run")
     run_dir = Path(summary["run_dir"])
     assert summary["steps"] == 8 and math.isfinite(summary["val_loss"])
     assert summary["val_loss"] < math.log(81)  # learned something beyond uniform
@@ -208,10 +221,21 @@ def test_end_to_end_run_writes_checkpoints_metrics_and_samples(tmp_path, data_ro
     assert (run_dir / "config.yaml").is_file() and (run_dir / "samples.txt").read_text()
     assert json.loads((run_dir / "summary.json").read_text()) == summary
 
-    header = (run_dir / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
+    rows = list(csv.DictReader((run_dir / "csv" / "metrics.csv").open()))
     for name in ("train/loss", "val/loss", "val/ppl", "val/bpb", "lr", "tokens", "tokens_per_s",
-                 "grad_norm"):
-        assert name in header
+                 "grad_norm", "mfu"):
+        assert name in rows[0]
+    val = [r for r in rows if r["val/loss"]][-1]
+    loss = float(val["val/loss"])
+    assert loss == pytest.approx(summary["val_loss"])
+    assert float(val["val/ppl"]) == pytest.approx(math.exp(loss), rel=1e-5)
+    # characters are 1 byte, except a few like the em dash (3 bytes): bpb a bit under loss/ln 2
+    assert 0.9 < loss / math.log(2) / float(val["val/bpb"]) < 1.1
+    train = [r for r in rows if r["tokens"]]
+    assert [float(r["tokens"]) for r in train[:2]] == [4 * 32, 8 * 32]  # batch 4 x 32 tokens
+    # the lr each step used: step k (1-based) ran with lr_at(k - 1)
+    lrs = [float(r["lr"]) for r in train]
+    assert lrs == pytest.approx([lr_at(k, 0.01, 2e-4, 2, 8) for k in range(8)], rel=1e-5)
 
     # Lightning's whole checkpoint is weights_only-safe, with clean keys and our metadata.
     ckpt = torch.load(summary["last"], weights_only=True)
