@@ -28,7 +28,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from minigpt.callbacks import AtomicCheckpointIO, CheckpointOnInterrupt, SampleText
 from minigpt.checkpoint import find_latest_checkpoint, load_checkpoint
-from minigpt.data import DataConfig, TokenDataModule, open_tokens, prepare_dataset
+from minigpt.data import (
+    DataConfig,
+    TokenDataModule,
+    check_vocab_fits,
+    open_tokens,
+    prepare_dataset,
+)
 from minigpt.lit import LitGPT, default_precision
 from minigpt.model import GPT, GPTConfig
 from minigpt.tokenizer import tokenizer_from_dict
@@ -299,6 +305,10 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     tokenizer = tokenizer_from_dict(meta["tokenizer"])
     vocab = padded_vocab_size(tokenizer.vocab_size, model_cfg.get("vocab_size"))
     model = init_model(model_cfg, tokenizer, vocab)
+    try:  # the data's own record of its largest token id, against the model's embeddings
+        check_vocab_fits(meta, model.config.vocab_size)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     context_length = model.config.context_length
     # Same initial weights on every rank (above); from here each rank draws its own dropout masks.
     L.seed_everything(cfg.seed + rank_zero_only.rank, workers=True, verbose=False)
