@@ -54,6 +54,7 @@ def test_gpt2_sizes_on_meta_device(name, millions):
     cfg = compose_train(f"model={name}")
     assert cfg.data.tokenizer == "gpt2"  # the GPT-2 sizes switch the data to GPT-2 BPE
     assert cfg.optim.lr == 6e-4  # ... and the learning rate to GPT-2's
+    assert cfg.data.batch_size <= 8  # ... and a micro-batch that fits a GPU at 1024 tokens
     with torch.device("meta"):
         model = GPT(gpt_config(cfg.model, 50257))
     assert model.num_params() / 1e6 == pytest.approx(millions, abs=0.1)
