@@ -63,6 +63,7 @@ def test_doc_blocks_are_found_and_shrunk():
     assert any(line.startswith("python generate.py") for line in commands)
     assert any(line.startswith("python -m minigpt.viz attention") for line in commands)
     assert any(line.startswith("python -m minigpt.viz runs") for line in commands)
+    assert any(line.startswith("python bench/attention.py") for line in commands)
     assert not any(line.rstrip().endswith("\\") for line in commands)  # one command a line
     assert shrink("python train.py seed=1").endswith(SHRINK["python train.py"])
 
