@@ -414,3 +414,13 @@ def test_attention_cli_on_a_real_checkpoint(real_runs, tmp_path, capsys):
     assert main(["attention", "--ckpt", ckpt, "--prompt", "x" * 33, "--out", str(out)]) == 2
     assert "the prompt is 33 tokens; the model sees at most context_length=32" in (
         capsys.readouterr().err)
+
+
+def test_attention_cli_without_a_checkpoint_says_where_it_looked(tmp_path, monkeypatch, capsys):
+    from minigpt.viz.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["attention", "--out", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert "looked for last.ckpt under" in err and "--ckpt PATH or --pretrained DIR" in err
+    assert not (tmp_path / "x.png").exists()

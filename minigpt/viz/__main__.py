@@ -78,13 +78,22 @@ def _load_model(args):
         return GPT.from_pretrained(args.pretrained), get_tokenizer("gpt2"), args.pretrained
     from minigpt.checkpoint import find_latest_checkpoint, load_checkpoint
 
-    path = args.ckpt or find_latest_checkpoint()
+    path = args.ckpt
+    if path is None:
+        try:
+            path = find_latest_checkpoint()
+        except FileNotFoundError as e:  # its hint names generate.py's options; name ours
+            where = str(e).split(";")[0]
+            raise FileNotFoundError(f"{where}; train one with `python train.py`, or pass "
+                                    "--ckpt PATH or --pretrained DIR") from None
     model, tokenizer, _ = load_checkpoint(path)
     return model, tokenizer, Path(path).name if args.ckpt else str(path)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m minigpt.viz", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m minigpt.viz",
+        description="Attention maps of a model, and plots of training runs (PNG files).")
     sub = parser.add_subparsers(required=True, metavar="{attention,runs}")
 
     p = sub.add_parser("attention", help="heatmaps of a model's attention weights for a prompt")
@@ -92,7 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--ckpt", help="a training checkpoint (default: the newest under outputs/)")
     source.add_argument("--pretrained", help="a Hugging Face GPT-2 directory")
     prompt = p.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt", default=DEFAULT_PROMPT, help="text to look at")
+    prompt.add_argument("--prompt", default=DEFAULT_PROMPT,
+                        help="text to look at (default: the opening line of Coriolanus)")
     prompt.add_argument("--prompt-file", help="read the prompt from this file")
     p.add_argument("--layer", default="0",
                    help="a layer index: one heatmap per head; or 'all': one per layer, mean of "
