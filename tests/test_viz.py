@@ -331,8 +331,9 @@ def test_attention_cli_on_a_pretrained_directory(tmp_path, capsys):
 ROOT = Path(__file__).resolve().parents[1]
 TINY_TRAIN = ["trainer=cpu", "trainer.max_steps=6", "trainer.val_check_interval=3",
               "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1",
-              "sample.max_new_tokens=4", "model.n_layer=2",
-              "model.n_head=2", "model.n_embd=32", "model.context_length=32", "data.batch_size=4"]
+              "trainer.enable_progress_bar=false", "sample.max_new_tokens=4", "model.n_layer=2",
+              "model.n_head=2", "model.n_embd=32", "model.context_length=32", "data.batch_size=4",
+              "data.val_tokens=256"]
 
 
 @pytest.fixture(scope="module")
