@@ -67,6 +67,9 @@ def check_config(cfg: DictConfig) -> None:
         value = o.get(key)
         if value is not None and (not isinstance(value, (int, float)) or value < 0):
             problems.append(f"optim.{key}={value!r} must be a number >= 0")
+    threads = cfg.get("threads")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        problems.append(f"threads={threads!r} must be null or a positive integer")
     if isinstance(o.get("lr"), (int, float)) and o.lr == 0:
         problems.append("optim.lr=0 would not train; use a positive learning rate")
     if isinstance(o.get("min_lr"), (int, float)) and isinstance(o.get("lr"), (int, float)) \
@@ -295,6 +298,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), Path("outputs"))
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
+    if cfg.get("threads"):
+        torch.set_num_threads(cfg.threads)
 
     # Data first: the model's vocabulary comes from the prepared data's tokenizer. Every rank
     # may call this; preparation is locked and idempotent (one prepares, the rest reuse).

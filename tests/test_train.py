@@ -310,6 +310,7 @@ def test_init_from_checkpoint_and_hf_directory(tmp_path, data_root):
     ("trainer.devices=64", r"trainer.devices=64 but this machine has \d+ CPU"),
     ("model.vocab_size=10", r"model.vocab_size=10 is smaller than the tokenizer's vocabulary"),
     ("model.n_embd=33", r"n_embd=33 must be divisible by n_head=2"),
+    ("threads=0", r"threads=0 must be null or a positive integer"),
     ("+model.n_layers=3", r"unknown field\(s\) \['n_layers'\]"),
 ])
 def test_bad_overrides_fail_before_training(tmp_path, data_root, override, message):
