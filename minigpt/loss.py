@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# Logits per chunk (256 MiB in float32): big enough that each chunk's matmuls run at full speed
+# Logits per chunk (128 MiB in float32): big enough that each chunk's matmuls run at full speed
 # and the (V, C) weight gradient is not re-accumulated too often.
-_CHUNK_ELEMENTS = 2**26
+_CHUNK_ELEMENTS = 2**25
 
 
 def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = -100,
@@ -65,29 +65,36 @@ def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chun
     rows = min(chunk, N)
     logits = torch.empty(rows, V, dtype=dtype, device=h.device)
     logits32 = logits if dtype == torch.float32 else torch.empty(rows, V, device=h.device)
-    logp_buffer = torch.empty(rows, V, device=h.device)
+    probs_buffer = torch.empty(rows, V, device=h.device)
     for start in range(0, N, chunk):
         end = min(start + chunk, N)
         n = end - start
         z = torch.mm(hc[start:end], wc.t(), out=logits[:n])  # (n, V)
         z32 = z if dtype == torch.float32 else logits32[:n].copy_(z)
-        logp = torch._log_softmax(z32, -1, False, out=logp_buffer[:n])  # float32
+        probs = torch._softmax(z32, -1, False, out=probs_buffer[:n])  # float32
         t = safe_targets[start:end, None]  # (n, 1)
-        losses[start:end] = logp.gather(1, t).squeeze(1).neg_().masked_fill_(~valid[start:end], 0)
+        row_loss = probs.gather(1, t).squeeze(1).log_().neg_()  # -log p(target)
+        tiny = row_loss > 60.0  # p(target) near float32 underflow: take those rows exactly
+        if tiny.any():
+            rows_z = z32[tiny]
+            row_loss[tiny] = torch.logsumexp(rows_z, -1) - rows_z.gather(1, t[tiny]).squeeze(1)
+        row_scale = valid[start:end] * scale  # (n,): 1 / n_valid, 0 on ignored rows
+        losses[start:end] = row_loss * (row_scale > 0)
         if need_grads:
-            # d(mean loss)/d logits = (softmax - one_hot) / n_valid, zero on ignored rows.
-            probs = logp.exp_()  # in place
+            # d(mean loss)/d logits = (softmax - one_hot) * row_scale. The row scale is applied
+            # to the (n, C) operands and results, not to the (n, V) matrix: one pass fewer.
             probs.scatter_add_(1, t, torch.full_like(t, -1, dtype=probs.dtype))
-            probs.mul_((valid[start:end, None] * scale).to(probs.dtype))
-            # (n, V) in the matmul dtype, as autocast's backward would use; z is free to reuse.
+            # In the matmul dtype, as autocast's backward would use; z is free to reuse.
             g = probs if dtype == torch.float32 else z.copy_(probs)
-            torch.mm(g, wc, out=grad_h[start:end])  # (n, C)
+            grad_h_rows = torch.mm(g, wc, out=grad_h[start:end])  # (n, C)
+            grad_h_rows.mul_(row_scale[:, None].to(dtype))
+            h_scaled = hc[start:end] * row_scale[:, None].to(dtype)  # (n, C)
             if dtype == torch.float32:  # (V, C), accumulated inside the matmul
-                torch.addmm(grad_w, g.t(), hc[start:end], beta=int(start > 0), out=grad_w)
+                torch.addmm(grad_w, g.t(), h_scaled, beta=int(start > 0), out=grad_w)
             elif start == 0:
-                grad_w.copy_(torch.mm(g.t(), hc[start:end]))
+                grad_w.copy_(torch.mm(g.t(), h_scaled))
             else:
-                grad_w.add_(torch.mm(g.t(), hc[start:end]))
+                grad_w.add_(torch.mm(g.t(), h_scaled))
     loss = losses.sum() / n_valid.to(torch.float32)
     return loss, grad_h, grad_w
 

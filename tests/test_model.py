@@ -232,3 +232,20 @@ def test_loss_under_bfloat16_autocast_matches_autocast_logits():
 def test_loss_rejects_mismatched_targets():
     with pytest.raises(ValueError, match=r"targets must have the shape of idx \(2, 16\)"):
         tiny().loss(torch.zeros(2, 16, dtype=torch.long), torch.zeros(2, 15, dtype=torch.long))
+
+
+def test_linear_cross_entropy_with_huge_logits_stays_exact():
+    """Targets whose softmax probability underflows float32 still get the exact loss."""
+    from minigpt.loss import linear_cross_entropy, reference_cross_entropy
+
+    torch.manual_seed(0)
+    h = (200 * torch.randn(40, 8)).requires_grad_()
+    weight = torch.randn(30, 8, requires_grad=True)
+    targets = torch.randint(0, 30, (40,))
+    loss = linear_cross_entropy(h, weight, targets, chunk_rows=7)
+    reference = reference_cross_entropy(h, weight, targets)
+    assert reference.item() > 100  # far beyond -log(smallest float32)
+    torch.testing.assert_close(loss, reference)
+    for g, e in zip(torch.autograd.grad(loss, [h, weight]),
+                    torch.autograd.grad(reference, [h, weight]), strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
