@@ -102,8 +102,8 @@ def check_equal(shape: str) -> float:
     return max(diffs)
 
 
-def time_shapes(shape: str, warmup: int, repeats: int) -> dict[str, float]:
-    """Median seconds per forward + backward step, variants interleaved."""
+def time_shapes(shape: str, warmup: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds per forward + backward step, per round, variants interleaved."""
     runs = {v: build(v, shape) for v in ("book", "fused")}
     times: dict[str, list[float]] = {v: [] for v in runs}
     for i in range(warmup + repeats):
@@ -112,11 +112,11 @@ def time_shapes(shape: str, warmup: int, repeats: int) -> dict[str, float]:
             step(module, x, grad)
             if i >= warmup:
                 times[variant].append(clock() - start)
-    return {v: statistics.median(t) for v, t in times.items()}
+    return times
 
 
-def time_cores(shape: str, warmup: int, repeats: int) -> dict[str, float]:
-    """Median seconds of the attention core alone (q, k, v -> context, forward + backward): the
+def time_cores(shape: str, warmup: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds per round of the attention core alone (q, k, v -> context, forward + backward): the
     part the two variants do differently. The rest of a step is the projections, which both do
     with the same FLOPs (one fused matmul or three)."""
     B, T, C, nh = SHAPES[shape]
@@ -141,7 +141,14 @@ def time_cores(shape: str, warmup: int, repeats: int) -> dict[str, float]:
             core(*qkv).backward(grad)
             if i >= warmup:
                 times[name].append(clock() - start)
-    return {v: statistics.median(t) for v, t in times.items()}
+    return times
+
+
+def _summary(times: dict[str, list[float]]) -> tuple[dict[str, float], float]:
+    """Median time per variant, and the median of per-round book / fused ratios (the two steps
+    of a round run back to back, so slow drifts in machine load cancel)."""
+    ratios = [b / f for b, f in zip(times["book"], times["fused"], strict=True)]
+    return {v: statistics.median(t) for v, t in times.items()}, statistics.median(ratios)
 
 
 def _rss_kib(field: str) -> int:
@@ -219,13 +226,15 @@ def main() -> None:
     block_times = {}
     for shape in shapes:
         diff = check_equal(shape)
-        t = block_times[shape] = time_shapes(shape, args.warmup, args.repeats)
+        t, speedup = _summary(time_shapes(shape, args.warmup, args.repeats))
+        block_times[shape] = t
         mem = {v: memory_in_subprocess(v, shape, args.threads) for v in ("book", "fused")}
         print(f"{shape:<26} {t['book'] * 1e3:>9.1f} {t['fused'] * 1e3:>9.1f} "
-              f"{t['book'] / t['fused']:>7.2f}x {mem['book']:>9.1f} {mem['fused']:>10.1f} "
+              f"{speedup:>7.2f}x {mem['book']:>9.1f} {mem['fused']:>10.1f} "
               f"{mem['fused'] / mem['book']:>9.2f}x {diff:>11.1e}")
-    print("\nspeedup = book time / fused time; mem ratio = fused peak / book peak "
-          "(peak resident memory of one step above the baseline, each in its own process)")
+    print("\nspeedup = median over rounds of book time / fused time (adjacent steps); "
+          "mem ratio = fused peak / book peak\n(peak resident memory of one step above the "
+          "baseline, each variant in its own process)")
 
     print("\nThe attention core alone (q, k, v -> context; forward + backward), where the variants "
           "differ:\n")
@@ -234,10 +243,10 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for shape in shapes:
-        core = time_cores(shape, args.warmup, args.repeats)
+        core, speedup = _summary(time_cores(shape, args.warmup, args.repeats))
         block = block_times[shape]["fused"]
         print(f"{shape:<26} {core['book'] * 1e3:>9.1f} {core['fused'] * 1e3:>9.1f} "
-              f"{core['book'] / core['fused']:>7.2f}x {max(0.0, 1 - core['fused'] / block):>33.0%}")
+              f"{speedup:>7.2f}x {max(0.0, 1 - core['fused'] / block):>33.0%}")
 
 
 if __name__ == "__main__":

@@ -169,8 +169,13 @@ def main() -> None:
             tokens_per_s = B * T / seconds
             flops = tokens_per_s * flops_per_token
             dtype = torch.bfloat16 if variant.autocast else torch.float32
-            speedup = (f"{medians['HF fp32'] / seconds:>9.2f}x" if "HF fp32" in medians
-                       else f"{'':>10}")
+            if "HF fp32" in medians:  # median of per-round ratios: steps adjacent in time
+                hf = next(v for v in variants if v.name == "HF fp32")
+                ratio = statistics.median(a / b for a, b in zip(hf.times, variant.times,
+                                                                strict=True))
+                speedup = f"{ratio:>9.2f}x"
+            else:
+                speedup = f"{'':>10}"
             print(f"{size:<11} {f'{B}x{T}':>8} {variant.name:<10} {seconds:>7.2f} "
                   f"{tokens_per_s:>9.0f} {flops / 1e9:>8.1f} {flops / peak[dtype]:>6.1%} "
                   f"{speedup}")
@@ -179,7 +184,8 @@ def main() -> None:
           f"{peak[torch.float32] / 1e9:.0f} GFLOP/s, bfloat16 {peak[torch.bfloat16] / 1e9:.0f} "
           "GFLOP/s")
     print("MFU = achieved FLOP/s / measured matmul peak of the variant's compute dtype "
-          "(float32 or bfloat16); vs HF fp32 = HF fp32 step time / variant step time")
+          "(float32 or bfloat16)\nvs HF fp32 = median over rounds of HF fp32 step time / variant "
+          "step time (steps of one round\nrun back to back, so slow drifts in machine load cancel)")
 
 
 if __name__ == "__main__":

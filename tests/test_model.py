@@ -179,7 +179,7 @@ def test_config_from_dict_names_unknown_keys_and_round_trips():
     assert GPTConfig.from_dict(config.to_dict()) == config
 
 
-# --- dependencies ----------------------------------------------------------------------------------
+# --- dependencies ------------------------------------------------------------------------
 
 
 def test_model_imports_no_framework():
