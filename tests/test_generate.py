@@ -29,14 +29,7 @@ generate_cli = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(generate_cli)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is faster than two, which mostly wait for each other on a busy
-    machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(vocab_size=64, context_length=32, seed=0):

@@ -8,17 +8,12 @@ from minigpt.model import GPT, GPTConfig
 from minigpt.packed import PackedLinear, can_pack, pack_linears
 from minigpt.sampling import generate
 
-pytestmark = pytest.mark.skipif(not can_pack(), reason="needs PyTorch with oneDNN on the CPU")
+pytestmark = [
+    pytest.mark.skipif(not can_pack(), reason="needs PyTorch with oneDNN on the CPU"),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is faster than two, which mostly wait for each other on a busy
-    machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_model(seed=0):

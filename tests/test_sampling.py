@@ -19,14 +19,7 @@ from minigpt.sampling import (
 NEG_INF = float("-inf")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is faster than two, which mostly wait for each other on a busy
-    machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---- pure functions ------------------------------------------------------------------------
