@@ -34,7 +34,13 @@ def wait_for_wandb_history(run_dir, key, count, timeout=60.0):
 
     deadline = time.monotonic() + timeout
     while True:
-        run = load_run(run_dir)
+        try:
+            run = load_run(run_dir)
+        except FileNotFoundError:  # the run file itself may not be on disk yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.25)
+            continue
         if key in run.metrics and len(run.metrics[key][0]) >= count:
             return run
         if time.monotonic() > deadline:
