@@ -168,6 +168,7 @@ class LitGPT(L.LightningModule):
             {"model": model.config.to_dict(), "optim": self.optim, "tokenizer": self.tokenizer,
              "compile": compile}
         )
+        self.compiled = compile
         if compile:
             # Module.compile() compiles in place: parameter names (and so checkpoints) keep no
             # ``_orig_mod.`` prefix, unlike ``torch.compile(module)``.
@@ -179,8 +180,12 @@ class LitGPT(L.LightningModule):
     # ---- steps -------------------------------------------------------------------------------
     def _loss(self, batch) -> torch.Tensor:
         x, y = batch  # (B, T) each
-        logits = self.model(x)  # (B, T, V)
-        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        if self.compiled:
+            # Module.compile() compiles forward() only, so the compiled path goes through it.
+            logits = self.model(x)  # (B, T, V)
+            return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        # Same value as cross-entropy on the logits, without materializing (B, T, V) of them.
+        return self.model.loss(x, y)
 
     def training_step(self, batch, batch_idx):
         loss = self._loss(batch)
