@@ -117,7 +117,15 @@ def test_loggers_build(logger, tmp_path):
 def test_wandb_logger_builds_without_network(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     loggers = build_loggers(compose_train("logger=wandb").logger, tmp_path, {"a": 1})
-    assert [type(lg).__name__ for lg in loggers] == ["WandbLogger"]
+    try:
+        assert [type(lg).__name__ for lg in loggers] == ["WandbLogger"]
+    finally:
+        # The run is process-global in wandb: left open, later wandb.init() calls in this
+        # process return it (disabled, writing nothing) instead of starting their own.
+        loggers[0].experiment.finish()
+        import wandb
+
+        wandb.teardown()  # and its session keeps the WANDB_MODE it first saw
 
 
 def test_fsdp_wraps_each_block(tmp_path, monkeypatch):

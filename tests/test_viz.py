@@ -260,7 +260,8 @@ def test_wandb_offline_run_file_is_read(tmp_path, monkeypatch):
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    run = wandb.init(project="viz-test", dir=str(tmp_path), settings=wandb.Settings(
+    # mode given explicitly: wandb reads WANDB_MODE once per process, at its first init
+    run = wandb.init(project="viz-test", dir=str(tmp_path), mode="offline", settings=wandb.Settings(
         console="off", x_disable_stats=True))
     n = 600
     for step in range(n):  # as Lightning's WandbLogger logs: trainer/global_step in each call
