@@ -18,17 +18,16 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from timing import add_timing_arguments, clock, configure_timing  # noqa: E402
+
 from minigpt.attention import MultiHeadAttention  # noqa: E402
 
-CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
-clock = time.perf_counter  # set from --clock in main()
 SHAPES = {  # name -> (batch, tokens, d_model, heads)
     "8x256x384/6": (8, 256, 384, 6),
     "1x1024x768/12": (1, 1024, 768, 12),
@@ -193,22 +192,14 @@ def memory_in_subprocess(variant: str, shape: str, threads: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=os.cpu_count(),
-                        help="torch.set_num_threads (default: all cores)")
+    add_timing_arguments(parser)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--shape", choices=list(SHAPES), action="append",
                         help="shape(s) to run (default: all)")
     parser.add_argument("--measure-memory", choices=["book", "fused"], help=argparse.SUPPRESS)
-    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
-                        help="wall: elapsed time; cpu: CPU time of the main thread, which other "
-                        "processes cannot inflate (needs --threads 1)")
     args = parser.parse_args()
-    if args.clock == "cpu" and args.threads != 1:
-        parser.error("--clock cpu measures one thread: use it with --threads 1")
-    global clock
-    clock = CLOCKS[args.clock]
-    torch.set_num_threads(args.threads)
+    configure_timing(parser, args)
 
     if args.measure_memory:
         peak = measure_memory(args.measure_memory, args.shape[0])

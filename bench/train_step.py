@@ -21,20 +21,18 @@ against the float32 (or bfloat16) matmul peak measured here with a large square 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from timing import add_timing_arguments, clock, configure_timing  # noqa: E402
+
 from minigpt.model import GPT, GPTConfig  # noqa: E402
 
-CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
-clock = time.perf_counter  # set from --clock in main()
 VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64, for both models
 SIZES = {  # name -> (n_layer, n_head, n_embd, tokens, default batch)
     "toy": (6, 6, 384, 256, 8),
@@ -121,24 +119,15 @@ def build(size: str, variants: list[str]) -> tuple[list[Variant], GPT]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=os.cpu_count(),
-                        help="torch.set_num_threads (default: all cores)")
+    add_timing_arguments(parser, clock_note=": backward runs on the calling thread there")
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     parser.add_argument("--batch", type=int, help="batch size (default: 8 toy, 4 gpt2-small)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--variants", nargs="+", default=["ours fp32", "HF fp32", "ours bf16"],
                         choices=["ours fp32", "HF fp32", "ours bf16", "HF bf16"])
-    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
-                        help="wall: elapsed time; cpu: CPU time of the main thread, which other "
-                        "processes cannot inflate (needs --threads 1: backward runs on the "
-                        "calling thread there)")
     args = parser.parse_args()
-    if args.clock == "cpu" and args.threads != 1:
-        parser.error("--clock cpu measures one thread: use it with --threads 1")
-    global clock
-    clock = CLOCKS[args.clock]
-    torch.set_num_threads(args.threads)
+    configure_timing(parser, args)
 
     peak = {torch.float32: matmul_peak(torch.float32), torch.bfloat16: matmul_peak(torch.bfloat16)}
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.clock} clock")
