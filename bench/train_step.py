@@ -31,6 +31,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 from timing import add_timing_arguments, clock, configure_timing  # noqa: E402
 
+from minigpt.linear import ONEDNN_AVAILABLE, matmul_nt  # noqa: E402
 from minigpt.model import GPT, GPTConfig  # noqa: E402
 
 VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64, for both models
@@ -41,17 +42,23 @@ SIZES = {  # name -> (n_layer, n_head, n_embd, tokens, default batch)
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
-    """FLOP/s of an n x n x n ``torch.mm``: the best of ``repeats`` after warm-up (the machine's
-    reachable peak; other processes only ever lower a sample)."""
+    """FLOP/s of an n x n x n matmul: the best of ``repeats`` after warm-up (the machine's
+    reachable peak; other processes only ever lower a sample), taken over ``torch.mm`` and, in
+    float32, oneDNN's GEMM too (``minigpt.linear``: on AMD CPUs MKL's ``torch.mm`` runs at about
+    half of what the cores can do)."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     out = torch.empty(n, n, dtype=dtype)
-    for _ in range(3):
-        torch.mm(a, b, out=out)
+    kernels = [lambda: torch.mm(a, b, out=out)]
+    if dtype == torch.float32 and ONEDNN_AVAILABLE:
+        kernels.append(lambda: matmul_nt(a, b))
     best = float("inf")
-    for _ in range(repeats):
-        start = clock()
-        torch.mm(a, b, out=out)
-        best = min(best, clock() - start)
+    for kernel in kernels:
+        for _ in range(3):
+            kernel()
+        for _ in range(repeats):
+            start = clock()
+            kernel()
+            best = min(best, clock() - start)
     return 2 * n**3 / best
 
 

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from minigpt.linear import Linear
+
 _BOOK_PROJECTIONS = ("W_query", "W_key", "W_value")
 
 
@@ -121,8 +123,8 @@ class MultiHeadAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = d_out // num_heads
         self.dropout = float(dropout)
-        self.qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)  # rows: [queries; keys; values]
-        self.out_proj = nn.Linear(d_out, d_out, bias=out_bias)
+        self.qkv = Linear(d_in, 3 * d_out, bias=qkv_bias)  # rows: [queries; keys; values]
+        self.out_proj = Linear(d_out, d_out, bias=out_bias)
         self.register_load_state_dict_pre_hook(_fuse_book_state_dict)
 
     def extra_repr(self) -> str:

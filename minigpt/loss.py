@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from minigpt.linear import matmul_nt, uses_onednn
+
 # Logits per chunk (128 MiB in float32): big enough that each chunk's matmuls run at full speed
 # and the (V, C) weight gradient is not re-accumulated too often.
 _CHUNK_ELEMENTS = 2**25
@@ -59,17 +61,23 @@ def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chun
     safe_targets = targets.masked_fill(~valid, 0)
     losses = torch.empty(N, dtype=torch.float32, device=h.device)
     grad_h = torch.empty_like(hc) if need_grads else None
-    grad_w = torch.empty(weight.shape, dtype=torch.float32, device=h.device) if need_grads else None
+    grad_w = None
     scale = 1.0 / n_valid.clamp(min=1).to(torch.float32)
     # Buffers reused by every chunk: fresh large tensors cost page faults on each allocation.
+    chunk = -(-N // -(-N // chunk))  # equal chunks (no small last one) of at most `chunk` rows
     rows = min(chunk, N)
-    logits = torch.empty(rows, V, dtype=dtype, device=h.device)
+    # Float32 on the CPU: oneDNN's GEMMs (minigpt.linear); they allocate their results.
+    onednn = uses_onednn(hc, wc)
+    logits = None if onednn else torch.empty(rows, V, dtype=dtype, device=h.device)
     logits32 = logits if dtype == torch.float32 else torch.empty(rows, V, device=h.device)
     probs_buffer = torch.empty(rows, V, device=h.device)
     for start in range(0, N, chunk):
         end = min(start + chunk, N)
         n = end - start
-        z = torch.mm(hc[start:end], wc.t(), out=logits[:n])  # (n, V)
+        if onednn:
+            z = matmul_nt(hc[start:end], wc)  # (n, V)
+        else:
+            z = torch.mm(hc[start:end], wc.t(), out=logits[:n])  # (n, V)
         z32 = z if dtype == torch.float32 else logits32[:n].copy_(z)
         probs = torch._softmax(z32, -1, False, out=probs_buffer[:n])  # float32
         t = safe_targets[start:end, None]  # (n, 1)
@@ -86,15 +94,24 @@ def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chun
             probs.scatter_add_(1, t, torch.full_like(t, -1, dtype=probs.dtype))
             # In the matmul dtype, as autocast's backward would use; z is free to reuse.
             g = probs if dtype == torch.float32 else z.copy_(probs)
-            grad_h_rows = torch.mm(g, wc, out=grad_h[start:end])  # (n, C)
+            if onednn:
+                grad_h_rows = grad_h[start:end]
+                grad_h_rows.copy_(matmul_nt(g, wc.t()))  # (n, C)
+            else:
+                grad_h_rows = torch.mm(g, wc, out=grad_h[start:end])  # (n, C)
             grad_h_rows.mul_(row_scale[:, None].to(dtype))
             h_scaled = hc[start:end] * row_scale[:, None].to(dtype)  # (n, C)
-            if dtype == torch.float32:  # (V, C), accumulated inside the matmul
-                torch.addmm(grad_w, g.t(), h_scaled, beta=int(start > 0), out=grad_w)
+            if onednn:  # accumulated as (C, V): oneDNN then reads g in place (minigpt.linear)
+                chunk_grad_w = matmul_nt(h_scaled.t(), g.t())  # (C, V)
+                grad_w = chunk_grad_w if start == 0 else grad_w.add_(chunk_grad_w)
             elif start == 0:
-                grad_w.copy_(torch.mm(g.t(), h_scaled))
+                grad_w = torch.mm(g.t(), h_scaled).float()  # (V, C)
+            elif dtype == torch.float32:  # accumulated inside the matmul
+                torch.addmm(grad_w, g.t(), h_scaled, out=grad_w)
             else:
                 grad_w.add_(torch.mm(g.t(), h_scaled))
+    if onednn and grad_w is not None:
+        grad_w = grad_w.t()  # (V, C), laid out like the weight by autograd
     loss = losses.sum() / n_valid.to(torch.float32)
     return loss, grad_h, grad_w
 

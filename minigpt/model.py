@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minigpt.attention import KVCache, MultiHeadAttention
+from minigpt.linear import Linear
 
 
 @dataclass
@@ -71,8 +72,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.fc = Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.proj = Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(F.gelu(self.fc(x), approximate="tanh"))
@@ -113,7 +114,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.final_norm = nn.LayerNorm(C, eps=config.layer_norm_eps, bias=config.bias)
-        self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
+        self.lm_head = Linear(C, config.vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied, as GPT-2
         self.reset_parameters()
 

@@ -1,0 +1,112 @@
+"""minigpt.linear: the oneDNN float32 path gives nn.Linear's numbers (against float64 math) and
+is taken exactly where it should be."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import minigpt.linear
+from minigpt.linear import Linear, linear, uses_onednn, weight_grad
+
+needs_onednn = pytest.mark.skipif(not minigpt.linear.ONEDNN_AVAILABLE,
+                                  reason="PyTorch built without oneDNN")
+
+
+def float64_linear_grads(x, weight, bias, grad_y):
+    """Output and gradients of x @ weight.T + bias, in float64 with plain autograd (the oracle)."""
+    leaves = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
+    y = leaves[0] @ leaves[1].t() + leaves[2]
+    y.backward(grad_y.double())
+    return y.detach(), *(t.grad for t in leaves)
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [(2, 16, 24, 40), (3, 50, 96, 8), (1, 64, 8, 96), (40, 1, 5, 7)])
+def test_output_and_gradients_match_float64(shape):
+    """(batch, tokens, in, out): 3-D inputs, and out/in shapes that take either form of the
+    weight gradient (weight_grad picks the one that copies less)."""
+    B, T, d_in, d_out = shape
+    torch.manual_seed(0)
+    layer = Linear(d_in, d_out)
+    x = torch.randn(B, T, d_in, requires_grad=True)
+    grad_y = torch.randn(B, T, d_out)
+    assert uses_onednn(x, layer.weight)
+    y = layer(x)
+    y.backward(grad_y)
+    expected = float64_linear_grads(x, layer.weight, layer.bias, grad_y)
+    got = (y, x.grad, layer.weight.grad, layer.bias.grad)
+    for g, e in zip(got, expected, strict=True):
+        assert g.dtype == torch.float32 and g.shape == e.shape
+        torch.testing.assert_close(g.double(), e, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+@pytest.mark.parametrize("n, d_in, d_out", [(64, 8, 96), (64, 96, 8)])
+def test_weight_grad_both_forms(n, d_in, d_out):
+    torch.manual_seed(1)
+    grad_rows, rows = torch.randn(n, d_out), torch.randn(n, d_in)
+    expected = grad_rows.double().t() @ rows.double()
+    torch.testing.assert_close(weight_grad(grad_rows, rows).double(), expected, rtol=1e-5,
+                               atol=1e-5)
+
+
+@needs_onednn
+def test_gradients_accumulate_over_backward_passes():
+    torch.manual_seed(2)
+    layer = Linear(8, 96, bias=False)  # out >> in: the transposed weight-gradient form
+    x1, x2 = torch.randn(64, 8), torch.randn(64, 8)
+    layer(x1).sum().backward()
+    layer(x2).sum().backward()
+    expected = torch.ones(64, 96).double().t() @ (x1 + x2).double()
+    torch.testing.assert_close(layer.weight.grad.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_frozen_input_and_weight_get_no_gradient():
+    layer = Linear(16, 32)
+    layer.weight.requires_grad_(False)
+    x = torch.randn(4, 16, 16, requires_grad=True)
+    layer(x).sum().backward()
+    assert layer.weight.grad is None and layer.bias.grad is not None and x.grad is not None
+
+
+def test_is_an_nn_linear_with_its_state_dict():
+    layer = Linear(4, 6)
+    assert isinstance(layer, nn.Linear)
+    assert set(layer.state_dict()) == {"weight", "bias"}
+    plain = nn.Linear(4, 6)
+    plain.load_state_dict(layer.state_dict())
+    x = torch.randn(10, 4)
+    torch.testing.assert_close(layer(x), plain(x))
+
+
+@needs_onednn
+def test_onednn_only_where_it_applies():
+    weight = torch.randn(32, 16)
+    rows = torch.randn(64, 16)
+    assert uses_onednn(rows, weight)
+    assert not uses_onednn(rows[:4], weight)  # decoding-sized: a few rows
+    assert not uses_onednn(rows.double(), weight.double())
+    assert not uses_onednn(rows.bfloat16(), weight.bfloat16())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not uses_onednn(rows, weight)
+        assert linear(rows, weight).dtype == torch.bfloat16  # autocast's F.linear
+
+
+def test_fallback_equals_f_linear_exactly():
+    x, weight, bias = torch.randn(3, 16), torch.randn(8, 16), torch.randn(8)  # 3 rows: F.linear
+    assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias))
+
+
+def test_environment_switch_turns_the_path_off():
+    code = ("import torch, minigpt.linear as m\n"
+            "print(m.ONEDNN_AVAILABLE, m.uses_onednn(torch.randn(64, 8), torch.randn(4, 8)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "MINIGPT_ONEDNN_LINEAR": "0"})
+    assert out.stdout.split() == ["False", "False"]
