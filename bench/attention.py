@@ -13,6 +13,7 @@ see ``measure_memory``. Float32, training mode, dropout 0 (as both would train),
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -26,6 +27,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 from timing import add_timing_arguments, clock, configure_timing  # noqa: E402
 
+import minigpt.linear  # noqa: E402
 from minigpt.attention import MultiHeadAttention  # noqa: E402
 
 SHAPES = {  # name -> (batch, tokens, d_model, heads)
@@ -101,16 +103,35 @@ def check_equal(shape: str) -> float:
     return max(diffs)
 
 
+FUSED_MKL = "fused, MKL GEMMs"  # the fused block with PyTorch's default float32 GEMM
+
+
+@contextlib.contextmanager
+def onednn_linear(enabled: bool):
+    """Run minigpt's Linear layers on oneDNN's GEMM (the default) or on PyTorch's (MKL here)."""
+    saved = minigpt.linear.ONEDNN_AVAILABLE
+    minigpt.linear.ONEDNN_AVAILABLE = saved and enabled
+    try:
+        yield
+    finally:
+        minigpt.linear.ONEDNN_AVAILABLE = saved
+
+
 def time_shapes(shape: str, warmup: int, repeats: int) -> dict[str, list[float]]:
-    """Seconds per forward + backward step, per round, variants interleaved."""
+    """Seconds per forward + backward step, per round, variants interleaved. ``FUSED_MKL`` shows
+    how much of the speedup is the fusion and SDPA, and how much oneDNN's GEMM
+    (``minigpt.linear``)."""
     runs = {v: build(v, shape) for v in ("book", "fused")}
+    runs[FUSED_MKL] = build("fused", shape)
     times: dict[str, list[float]] = {v: [] for v in runs}
     for i in range(warmup + repeats):
         for variant, (module, x, grad) in runs.items():
-            start = clock()
-            step(module, x, grad)
+            with onednn_linear(variant != FUSED_MKL):
+                start = clock()
+                step(module, x, grad)
+                elapsed = clock() - start
             if i >= warmup:
-                times[variant].append(clock() - start)
+                times[variant].append(elapsed)
     return times
 
 
@@ -143,11 +164,12 @@ def time_cores(shape: str, warmup: int, repeats: int) -> dict[str, list[float]]:
     return times
 
 
-def _summary(times: dict[str, list[float]]) -> tuple[dict[str, float], float]:
-    """Median time per variant, and the median of per-round book / fused ratios (the two steps
-    of a round run back to back, so slow drifts in machine load cancel)."""
-    ratios = [b / f for b, f in zip(times["book"], times["fused"], strict=True)]
-    return {v: statistics.median(t) for v, t in times.items()}, statistics.median(ratios)
+def _summary(times: dict[str, list[float]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Median time per variant, and per variant the median of per-round book / variant ratios
+    (the steps of a round run back to back, so slow drifts in machine load cancel)."""
+    speedups = {v: statistics.median(b / f for b, f in zip(times["book"], t, strict=True))
+                for v, t in times.items()}
+    return {v: statistics.median(t) for v, t in times.items()}, speedups
 
 
 def _rss_kib(field: str) -> int:
@@ -214,18 +236,24 @@ def main() -> None:
               f"{'book MiB':>9} {'fused MiB':>10} {'mem ratio':>10} {'max |diff|':>11}")
     print(header)
     print("-" * len(header))
-    block_times = {}
+    block_times, block_speedups = {}, {}
     for shape in shapes:
         diff = check_equal(shape)
         t, speedup = _summary(time_shapes(shape, args.warmup, args.repeats))
-        block_times[shape] = t
+        block_times[shape], block_speedups[shape] = t, speedup
         mem = {v: memory_in_subprocess(v, shape, args.threads) for v in ("book", "fused")}
         print(f"{shape:<26} {t['book'] * 1e3:>9.1f} {t['fused'] * 1e3:>9.1f} "
-              f"{speedup:>7.2f}x {mem['book']:>9.1f} {mem['fused']:>10.1f} "
+              f"{speedup['fused']:>7.2f}x {mem['book']:>9.1f} {mem['fused']:>10.1f} "
               f"{mem['fused'] / mem['book']:>9.2f}x {diff:>11.1e}")
     print("\nspeedup = median over rounds of book time / fused time (adjacent steps); "
           "mem ratio = fused peak / book peak\n(peak resident memory of one step above the "
           "baseline, each variant in its own process)")
+    print("\nThe fused block's linear layers run on oneDNN's float32 GEMM (minigpt.linear); the "
+          "book's nn.Linear\non PyTorch's default (MKL, whose AVX2 path AMD CPUs get). The fused "
+          "block on the default GEMM:\n")
+    for shape, t in block_times.items():
+        print(f"{shape:<26} {FUSED_MKL} {t[FUSED_MKL] * 1e3:.1f} ms = "
+              f"{block_speedups[shape][FUSED_MKL]:.2f}x the book")
 
     print("\nThe attention core alone (q, k, v -> context; forward + backward), where the variants "
           "differ:\n")
@@ -237,7 +265,7 @@ def main() -> None:
         core, speedup = _summary(time_cores(shape, args.warmup, args.repeats))
         block = block_times[shape]["fused"]
         print(f"{shape:<26} {core['book'] * 1e3:>9.1f} {core['fused'] * 1e3:>9.1f} "
-              f"{speedup:>7.2f}x {max(0.0, 1 - core['fused'] / block):>33.0%}")
+              f"{speedup['fused']:>7.2f}x {max(0.0, 1 - core['fused'] / block):>33.0%}")
 
 
 if __name__ == "__main__":

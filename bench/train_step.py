@@ -6,7 +6,10 @@
 One step = forward + cross-entropy loss + backward + ``AdamW(fused=True).step()`` (zero_grad with
 set_to_none), dropout 0, train mode, the same configuration and batch for every variant:
 
-* ``ours fp32`` / ``HF fp32``: float32 throughout;
+* ``ours fp32`` / ``HF fp32``: float32 throughout; our linear layers and LM-head loss multiply on
+  oneDNN (``minigpt.linear``), Hugging Face's on PyTorch's default GEMM (MKL);
+* ``ours fp32 MKL``: our model on PyTorch's default GEMM too, to show what the GEMM backend gives
+  and what the rest of the implementation gives;
 * ``ours bf16``: the precision this CPU gets by default (AVX512-BF16 here): forward and loss under
   ``torch.autocast("cpu", dtype=torch.bfloat16)``, float32 master weights and optimizer.
 
@@ -15,7 +18,8 @@ through ``F.cross_entropy`` directly (cheaper than its ``labels=`` path, which c
 logits), so HF gets its best case. All variants live in one process and are stepped interleaved
 (ours, HF, ours bf16, ours, ...) after warm-up; medians of ``--repeats`` steps. Achieved FLOP/s
 counts ``GPT.flops_per_token`` (6 N + 12 L T C, N without position embeddings) per token; MFU is
-against the float32 (or bfloat16) matmul peak measured here with a large square ``torch.mm``.
+against the float32 (or bfloat16) matmul peak measured here with a large square matmul (the best
+of ``torch.mm`` and, in float32, oneDNN's).
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 from timing import add_timing_arguments, clock, configure_timing  # noqa: E402
 
+import minigpt.linear  # noqa: E402
 from minigpt.linear import ONEDNN_AVAILABLE, matmul_nt  # noqa: E402
 from minigpt.model import GPT, GPTConfig  # noqa: E402
 
+OURS_MKL = "ours fp32 MKL"  # our model with PyTorch's default float32 GEMM (no minigpt.linear)
 VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64, for both models
 SIZES = {  # name -> (n_layer, n_head, n_embd, tokens, default batch)
     "toy": (6, 6, 384, 256, 8),
@@ -65,21 +71,28 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
 class Variant:
     """A model, its optimizer and one training step."""
 
-    def __init__(self, name: str, model: torch.nn.Module, loss_fn, autocast: bool):
+    def __init__(self, name: str, model: torch.nn.Module, loss_fn, autocast: bool,
+                 onednn: bool = True):
         self.name, self.model, self.loss_fn, self.autocast = name, model.train(), loss_fn, autocast
+        self.onednn = onednn  # minigpt.linear's oneDNN GEMMs, else PyTorch's default (MKL)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1,
                                            fused=True)
         self.times: list[float] = []
         self.losses: list[float] = []
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        start = clock()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
-            loss = self.loss_fn(self.model, x, y)
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        elapsed = clock() - start
+        saved = minigpt.linear.ONEDNN_AVAILABLE
+        minigpt.linear.ONEDNN_AVAILABLE = saved and self.onednn
+        try:
+            start = clock()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+                loss = self.loss_fn(self.model, x, y)
+            loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            elapsed = clock() - start
+        finally:
+            minigpt.linear.ONEDNN_AVAILABLE = saved
         self.losses.append(loss.item())
         return elapsed
 
@@ -108,7 +121,8 @@ def build(size: str, variants: list[str]) -> tuple[list[Variant], GPT]:
         if name.startswith("ours"):
             model = GPT(config)
             reference = model
-            built.append(Variant(name, model, ours_loss, autocast=name.endswith("bf16")))
+            built.append(Variant(name, model, ours_loss, autocast=name.endswith("bf16"),
+                                 onednn=name != OURS_MKL))
         else:
             hf_config = transformers.GPT2Config(
                 vocab_size=VOCAB, n_positions=T, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
@@ -131,8 +145,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, help="batch size (default: 8 toy, 4 gpt2-small)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--variants", nargs="+", default=["ours fp32", "HF fp32", "ours bf16"],
-                        choices=["ours fp32", "HF fp32", "ours bf16", "HF bf16"])
+    parser.add_argument("--variants", nargs="+",
+                        default=["ours fp32", "HF fp32", "ours bf16", OURS_MKL],
+                        choices=["ours fp32", "HF fp32", "ours bf16", "HF bf16", OURS_MKL])
     args = parser.parse_args()
     configure_timing(parser, args)
 
@@ -140,7 +155,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.clock} clock")
     print(f"AdamW(fused=True), dropout 0, vocab {VOCAB}; median of {args.repeats} steps after "
           f"{args.warmup} warm-up, variants interleaved\n")
-    header = (f"{'size':<11} {'B x T':>8} {'variant':<10} {'step s':>7} {'tokens/s':>9} "
+    header = (f"{'size':<11} {'B x T':>8} {'variant':<13} {'step s':>7} {'tokens/s':>9} "
               f"{'GFLOP/s':>8} {'MFU':>6} {'vs HF fp32':>10}")
     print(header)
     print("-" * len(header))
@@ -172,11 +187,11 @@ def main() -> None:
                 speedup = f"{ratio:>9.2f}x"
             else:
                 speedup = f"{'':>10}"
-            print(f"{size:<11} {f'{B}x{T}':>8} {variant.name:<10} {seconds:>7.2f} "
+            print(f"{size:<11} {f'{B}x{T}':>8} {variant.name:<13} {seconds:>7.2f} "
                   f"{tokens_per_s:>9.0f} {flops / 1e9:>8.1f} {flops / peak[dtype]:>6.1%} "
                   f"{speedup}")
         del variants
-    print(f"\nmeasured matmul peak (best 2048^3 torch.mm seen during the run): float32 "
+    print(f"\nmeasured matmul peak (best 2048^3 matmul seen during the run): float32 "
           f"{peak[torch.float32] / 1e9:.0f} GFLOP/s, bfloat16 {peak[torch.bfloat16] / 1e9:.0f} "
           "GFLOP/s")
     print("MFU = achieved FLOP/s / measured matmul peak of the variant's compute dtype "
