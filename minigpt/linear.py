@@ -6,7 +6,7 @@ by the CPU's features: on this 2-core Zen 5 machine a training-sized GEMM runs a
 GFLOP/s through MKL and 400-520 GFLOP/s through oneDNN, in full float32 (bench/README.md). On
 Intel CPUs the two are about even. So the forward pass and both backward matmuls of a float32
 CPU ``Linear`` go through ``torch.ops.mkldnn._linear_pointwise``, which computes
-``input @ weight.T + bias`` for any strided 2-D operands:
+``input @ weight.T + bias`` for 2-D operands (a strided weight is read in place):
 
 * forward:      y  = x @ W.T + b     -> _linear_pointwise(x, W, b)
 * input grad:   dx = dy @ W          -> _linear_pointwise(dy, W.T)
@@ -45,7 +45,8 @@ ONEDNN_AVAILABLE = _onednn_available()
 
 
 def matmul_nt(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``a @ b.T (+ bias)`` for 2-D float32 CPU tensors, on oneDNN (either may be a strided view)."""
+    """``a @ b.T (+ bias)`` for 2-D float32 CPU tensors, on oneDNN. ``b`` may be any strided view
+    (read in place); a non-contiguous ``a`` is copied first."""
     return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
 
 
@@ -81,6 +82,9 @@ def uses_onednn(x: Tensor, weight: Tensor) -> bool:
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``, on oneDNN where that is faster (see the module docstring)."""
     if uses_onednn(x, weight):
+        if not torch.is_grad_enabled():  # evaluation, sampling: nothing to save for backward
+            y = matmul_nt(x.reshape(-1, x.shape[-1]), weight, bias)
+            return y.view(*x.shape[:-1], weight.shape[0])
         return _OneDNNLinear.apply(x, weight, bias)
     return F.linear(x, weight, bias)
 

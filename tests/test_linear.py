@@ -68,6 +68,19 @@ def test_gradients_accumulate_over_backward_passes():
     torch.testing.assert_close(layer.weight.grad.double(), expected, rtol=1e-5, atol=1e-5)
 
 
+@needs_onednn
+def test_no_grad_path_gives_the_same_output():
+    torch.manual_seed(4)
+    layer = Linear(16, 24)
+    x = torch.randn(2, 20, 16)
+    with torch.no_grad():
+        fast = layer(x)
+    expected = x.double() @ layer.weight.double().t() + layer.bias.double()
+    assert fast.shape == (2, 20, 24) and not fast.requires_grad
+    torch.testing.assert_close(fast.double(), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast, layer(x).detach(), rtol=0, atol=0)
+
+
 def test_frozen_input_and_weight_get_no_gradient():
     layer = Linear(16, 32)
     layer.weight.requires_grad_(False)
