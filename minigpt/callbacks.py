@@ -3,6 +3,7 @@ Ctrl-C / SIGTERM, and a text sample at each validation."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import nn
 
 from minigpt.sampling import generate
 
@@ -86,6 +88,25 @@ class CheckpointOnInterrupt(L.Callback):
                        f"resume with `python train.py ckpt_path={self.path}`")
 
 
+@contextlib.contextmanager
+def gathered_parameters(wrapped: nn.Module | None, recurse: bool = False):
+    """Full parameters of an FSDP-wrapped model while in this context; anything else as it is.
+
+    Code that calls the model outside the wrapped forward (sampling, a checksum) would see the
+    sharded root-level parameters (embeddings, final LayerNorm) of FSDP's root unit. With
+    ``recurse=False`` only those are gathered: each Block unit gathers its own in its forward.
+    A collective: every rank must enter it."""
+    if torch.distributed.is_available():
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if isinstance(wrapped, FullyShardedDataParallel):
+            with FullyShardedDataParallel.summon_full_params(wrapped, writeback=False,
+                                                             recurse=recurse):
+                yield
+            return
+    yield
+
+
 class SampleText(L.Callback):
     """Generates a short sample from ``prompt`` after each validation, prints it, appends it to
     ``samples.txt`` and logs it (a growing table on wandb, text on other loggers).
@@ -115,9 +136,10 @@ class SampleText(L.Callback):
             generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
             idx = torch.tensor([self._prompt_ids()], device=pl_module.device)  # (1, T)
             idx = idx[:, -model.config.context_length:]
-            out = generate(model, idx, self.max_new_tokens, temperature=self.temperature,
-                           top_k=self.top_k, generator=generator,
-                           vocab_size=self.tokenizer.vocab_size)
+            with gathered_parameters(getattr(trainer.strategy, "model", None)):
+                out = generate(model, idx, self.max_new_tokens, temperature=self.temperature,
+                               top_k=self.top_k, generator=generator,
+                               vocab_size=self.tokenizer.vocab_size)
             text = self.tokenizer.decode(out[0].tolist())
         except Exception as e:  # a sample is a nicety: never let it stop training
             self._failed = True

@@ -26,7 +26,12 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zer
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from minigpt.callbacks import AtomicCheckpointIO, CheckpointOnInterrupt, SampleText
+from minigpt.callbacks import (
+    AtomicCheckpointIO,
+    CheckpointOnInterrupt,
+    SampleText,
+    gathered_parameters,
+)
 from minigpt.checkpoint import find_latest_checkpoint, load_checkpoint
 from minigpt.data import (
     DataConfig,
@@ -294,6 +299,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     check_config(cfg)
     warnings.filterwarnings("ignore", message=".*IterableDataset. has .__len__. defined")
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    # LitGPT reduces the validation sums over ranks itself: every rank logs the same val/loss.
+    warnings.filterwarnings("ignore", message=r".*sync_dist=True.. when logging on epoch level")
     run_dir = _run_dir(run_dir).resolve()
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), Path("outputs"))
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -360,8 +367,10 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
         # Checkpoint already written by CheckpointOnInterrupt; exit like a killed process.
         raise SystemExit(130 if interrupt.signal_name == "Ctrl-C" else 143) from None
 
-    # Every rank logs this to its own file in the run dir: under DDP the ranks must agree.
-    checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
+    # Every rank logs this to its own file in the run dir: under DDP (and FSDP, gathered) the
+    # ranks must agree.
+    with gathered_parameters(getattr(trainer.strategy, "model", None), recurse=True):
+        checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
     log.info(f"rank {trainer.global_rank}: parameter checksum {checksum:.10e}")
     val_loss = trainer.callback_metrics.get("val/loss")
     summary = {

@@ -335,9 +335,9 @@ def test_unknown_model_name_is_a_clear_hydra_error(data_root):
 
 # ---- subprocesses: the real entry point ------------------------------------------------------
 
-def _train_py(tmp_path, *args, timeout=120):
+def _train_py(tmp_path, *args, timeout=120, script=ROOT / "train.py"):
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env,
+    return subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -367,6 +367,34 @@ def test_ddp_two_cpu_processes(tmp_path, data_root):
     assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], sums  # the ranks agree
     ckpt = torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 4 and len(ckpt["rng_states"]) == 2
+
+
+def test_fsdp_two_cpu_processes(tmp_path, data_root):
+    """trainer=fsdp through Lightning on 2 CPU processes: tests/fsdp_cpu_train.py lifts only the
+    device guards that keep Lightning's FSDP on GPUs."""
+    result = _train_py(
+        tmp_path, *TINY, f"data_root={data_root}", "trainer=fsdp", "trainer.accelerator=cpu",
+        "trainer.devices=2", "trainer.max_steps=4", "trainer.val_check_interval=2",
+        "logger=csv", timeout=180, script=ROOT / "tests" / "fsdp_cpu_train.py",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "strategy: CPUFSDPStrategy" in result.stdout + result.stderr
+    run_dirs = [p.parent for p in (tmp_path / "outputs").rglob(".hydra")]
+    assert len(run_dirs) == 1, run_dirs
+    run_dir = run_dirs[0]
+    sums = {}
+    for log in run_dir.glob("*.log"):
+        for rank, value in re.findall(r"rank (\d): parameter checksum (\S+)", log.read_text()):
+            sums[rank] = value
+    assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], sums  # gathered, the ranks agree
+    samples = (run_dir / "samples.txt").read_text()  # sampling gathered the sharded weights
+    assert "--- step 2 ---" in samples and "--- step 4 ---" in samples
+    # One full (gathered) checkpoint that our reader loads into a plain GPT: the trained weights.
+    model, _, _ = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    ckpt = torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 4
+    assert float(sums["0"]) == pytest.approx(
+        sum(float(p.double().sum()) for p in model.parameters()), rel=1e-9)
 
 
 def test_run_id_is_shared_by_the_ranks_of_a_launch(monkeypatch):
