@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from timing import add_timing_arguments, clock, configure_timing  # noqa: E402
+from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
 
 import minigpt.linear  # noqa: E402
 from minigpt.attention import MultiHeadAttention  # noqa: E402
@@ -89,18 +89,17 @@ def step(module, x, grad) -> None:
     module(x).backward(grad)
 
 
-def check_equal(shape: str) -> float:
-    """Max abs difference of the two variants' outputs and input gradients (same weights)."""
-    diffs = []
+def check_equal(shape: str) -> tuple[float, float]:
+    """Max abs difference of the two variants' outputs, and of their input gradients (same
+    weights, same inputs)."""
     outs = {}
     for variant in ("book", "fused"):
         module, x, grad = build(variant, shape)
         y = module(x)
         y.backward(grad)
         outs[variant] = (y.detach(), x.grad)
-    for a, b in zip(outs["book"], outs["fused"], strict=True):
-        diffs.append((a - b).abs().max().item())
-    return max(diffs)
+    return tuple((a - b).abs().max().item()
+                 for a, b in zip(outs["book"], outs["fused"], strict=True))
 
 
 FUSED_MKL = "fused, MKL GEMMs"  # the fused block with PyTorch's default float32 GEMM
@@ -233,21 +232,21 @@ def main() -> None:
           "forward + backward, "
           f"median of {args.repeats} after {args.warmup} warm-up steps\n")
     header = (f"{'shape (B x T x C / heads)':<26} {'book ms':>9} {'fused ms':>9} {'speedup':>8} "
-              f"{'book MiB':>9} {'fused MiB':>10} {'mem ratio':>10} {'max |diff|':>11}")
-    print(header)
-    print("-" * len(header))
+              f"{'book MiB':>9} {'fused MiB':>10} {'mem ratio':>10} {'out diff':>9} {'grad diff':>9}")
+    print_header(header)
     block_times, block_speedups = {}, {}
     for shape in shapes:
-        diff = check_equal(shape)
+        out_diff, grad_diff = check_equal(shape)
         t, speedup = _summary(time_shapes(shape, args.warmup, args.repeats))
         block_times[shape], block_speedups[shape] = t, speedup
         mem = {v: memory_in_subprocess(v, shape, args.threads) for v in ("book", "fused")}
         print(f"{shape:<26} {t['book'] * 1e3:>9.1f} {t['fused'] * 1e3:>9.1f} "
               f"{speedup['fused']:>7.2f}x {mem['book']:>9.1f} {mem['fused']:>10.1f} "
-              f"{mem['fused'] / mem['book']:>9.2f}x {diff:>11.1e}")
+              f"{mem['fused'] / mem['book']:>9.2f}x {out_diff:>9.1e} {grad_diff:>9.1e}")
     print("\nspeedup = median over rounds of book time / fused time (adjacent steps); "
           "mem ratio = fused peak / book peak\n(peak resident memory of one step above the "
-          "baseline, each variant in its own process)")
+          "baseline, each variant in its own process)\nout diff / grad diff = max abs difference "
+          "of the outputs / input gradients (same weights and inputs)")
     print("\nThe fused block's linear layers run on oneDNN's float32 GEMM (minigpt.linear); the "
           "book's nn.Linear\non PyTorch's default (MKL, whose AVX2 path AMD CPUs get). The fused "
           "block on the default GEMM:\n")
@@ -259,8 +258,7 @@ def main() -> None:
           "differ:\n")
     header = (f"{'shape (B x T x C / heads)':<26} {'book ms':>9} {'SDPA ms':>9} {'speedup':>8} "
               f"{'block time in projections (fused)':>34}")
-    print(header)
-    print("-" * len(header))
+    print_header(header)
     for shape in shapes:
         core, speedup = _summary(time_cores(shape, args.warmup, args.repeats))
         block = block_times[shape]["fused"]

@@ -30,3 +30,9 @@ def configure_timing(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     global _clock
     _clock = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
+
+
+def print_header(header: str) -> None:
+    """A table's header line and a rule under it."""
+    print(header)
+    print("-" * len(header))

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from timing import add_timing_arguments, clock, configure_timing  # noqa: E402
+from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
 
 import minigpt.linear  # noqa: E402
 from minigpt.linear import ONEDNN_AVAILABLE, matmul_nt  # noqa: E402
@@ -157,8 +157,7 @@ def main() -> None:
           f"{args.warmup} warm-up, variants interleaved\n")
     header = (f"{'size':<11} {'B x T':>8} {'variant':<13} {'step s':>7} {'tokens/s':>9} "
               f"{'GFLOP/s':>8} {'MFU':>6} {'vs HF fp32':>10}")
-    print(header)
-    print("-" * len(header))
+    print_header(header)
     for size in args.sizes:
         n_layer, n_head, n_embd, T, default_batch = SIZES[size]
         B = args.batch or default_batch

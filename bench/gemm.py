@@ -1,0 +1,101 @@
+"""Float32 GEMM speed on this CPU: PyTorch's default (MKL) vs oneDNN (``minigpt.linear``).
+
+    python bench/gemm.py                 # the model's linear-layer shapes, all cores
+    python bench/gemm.py --threads 1
+
+For each (rows, in, out) of the toy and GPT-2-small training steps, times a linear layer's three
+matmuls: forward ``x @ W.T``, input gradient ``dy @ W`` and weight gradient ``dy.T @ x``, with
+``torch.mm`` on the same strided views as ``F.linear``'s autograd, and with the oneDNN calls
+``minigpt.linear`` makes. Medians of ``--repeats`` calls after warm-up, both kernels timed
+interleaved; also the max abs difference of each oneDNN result from float64 math next to MKL's,
+so a faster path that loses precision would show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
+
+from minigpt.linear import ONEDNN_AVAILABLE, matmul_nt, weight_grad  # noqa: E402
+
+SHAPES = {  # rows (batch x tokens), in, out
+    "toy qkv": (2048, 384, 1152),
+    "toy mlp fc": (2048, 384, 1536),
+    "toy mlp proj": (2048, 1536, 384),
+    "toy lm head": (512, 384, 50304),  # one chunk of the loss
+    "small qkv": (1024, 768, 2304),
+    "small mlp fc": (1024, 768, 3072),
+    "small mlp proj": (1024, 3072, 768),
+    "small lm head": (512, 768, 50304),
+}
+
+
+def interleaved_seconds(kernels: dict, warmup: int, repeats: int) -> dict[str, float]:
+    """Median seconds per call of each kernel, the kernels called in turn so load hits all."""
+    for kernel in kernels.values():
+        for _ in range(warmup):
+            kernel()
+    times = {name: [] for name in kernels}
+    for _ in range(repeats):
+        for name, kernel in kernels.items():
+            start = clock()
+            kernel()
+            times[name].append(clock() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def matmuls(x, w, dy) -> dict:
+    """A linear layer's three matmuls: name -> (MKL call, oneDNN call, float64 reference)."""
+    return {
+        "forward": (lambda: torch.mm(x, w.t()), lambda: matmul_nt(x, w),
+                    lambda: x.double() @ w.double().t()),
+        "input grad": (lambda: torch.mm(dy, w), lambda: matmul_nt(dy, w.t()),
+                       lambda: dy.double() @ w.double()),
+        "weight grad": (lambda: torch.mm(dy.t(), x), lambda: weight_grad(dy, x),
+                        lambda: dy.double().t() @ x.double()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_timing_arguments(parser)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    configure_timing(parser, args)
+    if not ONEDNN_AVAILABLE:
+        sys.exit("oneDNN's linear op is not available here (or MINIGPT_ONEDNN_LINEAR=0)")
+
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.clock} clock, float32, "
+          f"median of {args.repeats}\n")
+    header = (f"{'shape':<15} {'rows x in x out':>18} {'matmul':<12} {'MKL GFLOP/s':>11} "
+              f"{'oneDNN':>7} {'ratio':>6} {'MKL err':>8} {'oneDNN err':>10}")
+    print_header(header)
+    generator = torch.Generator().manual_seed(0)
+    for name, (n, d_in, d_out) in SHAPES.items():
+        x = torch.randn(n, d_in, generator=generator)
+        w = torch.randn(d_out, d_in, generator=generator)
+        dy = torch.randn(n, d_out, generator=generator)
+        pairs = matmuls(x, w, dy)
+        flops = 2 * n * d_in * d_out
+        for matmul, (mkl, onednn, exact) in pairs.items():
+            reference = exact()
+            errors = [(f().double() - reference).abs().max().item() for f in (mkl, onednn)]
+            seconds = interleaved_seconds({"mkl": mkl, "onednn": onednn}, args.warmup,
+                                          args.repeats)
+            rate = {k: flops / t / 1e9 for k, t in seconds.items()}
+            print(f"{name:<15} {f'{n}x{d_in}x{d_out}':>18} {matmul:<12} {rate['mkl']:>11.0f} "
+                  f"{rate['onednn']:>7.0f} {rate['onednn'] / rate['mkl']:>5.2f}x "
+                  f"{errors[0]:>8.1e} {errors[1]:>10.1e}")
+    print("\nerr = max abs difference from the float64 product (operands ~N(0, 1))")
+
+
+if __name__ == "__main__":
+    main()
