@@ -35,6 +35,14 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ValueError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens but the "
                          f"model only {model.config.vocab_size}")
+    ids = tokenizer.encode(prompt)  # the char tokenizer names characters it never saw
+    if cfg.attention_map:  # before packing: the maps need the plain float32 layers
+        from minigpt.viz.attention_maps import write_attention_map
+
+        if not ids:
+            raise ValueError("attention_map needs a prompt: give prompt=... or prompt_file=...")
+        _info(write_attention_map(model, tokenizer, ids[-ctx:], cfg.attention_map,
+                                  cfg.attention_layer, source))
     model.to(device)
     dtype = getattr(torch, cfg.dtype)
     packed = cfg.packed and can_pack(device) and dtype in (torch.float32, torch.bfloat16)
@@ -43,7 +51,6 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
     else:
         model.to(dtype)
 
-    ids = tokenizer.encode(prompt)  # the char tokenizer names characters it never saw
     start = ids or [tokenizer.eot_id]  # an empty prompt starts a new document
     if len(start) > ctx:
         _info(f"prompt has {len(start)} tokens but the model sees at most context_length={ctx}: "

@@ -217,6 +217,37 @@ def test_bad_input_errors(char_ckpt, overrides, error, match):
         run(f"ckpt_path={path}", *overrides)
 
 
+def test_attention_map_alongside_the_sample(char_ckpt, tmp_path, capsys):
+    from PIL import Image
+
+    from minigpt.viz.attention_maps import write_attention_map
+
+    path, model, tokenizer = char_ckpt
+    png = tmp_path / "heads.png"
+    samples, _ = run(f"ckpt_path={path}", "prompt='hear me speak'", f"attention_map={png}",
+                     "attention_layer=1", "max_new_tokens=5", "temperature=0")
+    assert samples[0].startswith("hear me speak") and len(samples[0]) == len("hear me speak") + 5
+    assert "wrote" in capsys.readouterr().err
+    # The grid the viz command draws for layer 1 of this model over the 13 prompt tokens.
+    expected = write_attention_map(model, tokenizer, tokenizer.encode("hear me speak"),
+                                   tmp_path / "expected.png", 1)
+    assert "13 tokens, 2 layers, 2 heads" in expected
+    with Image.open(png) as image, Image.open(tmp_path / "expected.png") as reference:
+        assert image.size == reference.size and image.size[0] > 100
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["prompt=''", "attention_map=x.png"], "attention_map needs a prompt"),
+    (["prompt=to", "attention_map=x.png", "attention_layer=5"], "layer=5 is out of range"),
+])
+def test_attention_map_errors(char_ckpt, tmp_path, monkeypatch, overrides, match):
+    monkeypatch.chdir(tmp_path)
+    path, _, _ = char_ckpt
+    with pytest.raises(ValueError, match=match):
+        run(f"ckpt_path={path}", *overrides)
+    assert not (tmp_path / "x.png").exists()
+
+
 def test_incompatible_checkpoint_error(char_ckpt):
     path, model, tokenizer = char_ckpt
     save_checkpoint(path, model, tokenizer, format_version=2)

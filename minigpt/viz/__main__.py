@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 DEFAULT_PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak."
-READABLE_TOKENS = 64
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,28 +29,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def attention(args) -> int:
-    import torch
-
-    from minigpt.viz.attention_maps import attention_maps, plot_attention, token_labels
+    from minigpt.viz.attention_maps import write_attention_map
 
     model, tokenizer, source = _load_model(args)
     prompt = Path(args.prompt_file).read_text() if args.prompt_file else args.prompt
-    ids = tokenizer.encode(prompt)
-    if not ids:
-        raise ValueError("the prompt is empty")
-    if len(ids) > model.config.context_length:
-        raise ValueError(f"the prompt is {len(ids)} tokens; the model sees at most "
-                         f"context_length={model.config.context_length}")
-    if len(ids) > READABLE_TOKENS:
-        print(f"note: {len(ids)} tokens; axis labels stay readable up to about {READABLE_TOKENS}",
-              file=sys.stderr)
-    model = model.float().eval()
-    maps = attention_maps(model, torch.tensor([ids]))
-    title = f"{source}: " + ("all layers, mean of heads" if args.layer == "all"
-                             else f"layer {args.layer}")
-    width, height = plot_attention(maps, token_labels(tokenizer, ids), args.out, args.layer, title)
-    print(f"wrote {args.out} ({width}x{height} px, {len(ids)} tokens, {len(maps)} layers, "
-          f"{model.config.n_head} heads)")
+    print(write_attention_map(model, tokenizer, tokenizer.encode(prompt), args.out, args.layer,
+                              source))
     return 0
 
 

@@ -11,6 +11,7 @@ Shape letters: B batch, nh heads, T tokens (queries = keys), L layers.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor
 
 DPI = 100
+READABLE_TOKENS = 64  # axis labels stay legible up to about this many tokens
 
 
 @torch.no_grad()
@@ -142,3 +144,26 @@ def plot_attention(
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return round(width * DPI), round(height * DPI)
+
+
+def write_attention_map(model, tokenizer, ids: Sequence[int], path: str | Path,
+                        layer: int | str = 0, source: str = "model") -> str:
+    """Plot ``model``'s attention over the token ids ``ids`` into the PNG ``path`` (float32, eval
+    mode) and return a one-line report; the command line and ``generate.py`` both use this."""
+    if not ids:
+        raise ValueError("the prompt is empty: attention maps need at least one token")
+    context = model.config.context_length
+    if len(ids) > context:
+        raise ValueError(f"the prompt is {len(ids)} tokens; the model sees at most "
+                         f"context_length={context}")
+    if len(ids) > READABLE_TOKENS:
+        print(f"note: {len(ids)} tokens; axis labels stay readable up to about "
+              f"{READABLE_TOKENS}", file=sys.stderr)
+    model = model.float().eval()
+    device = next(model.parameters()).device
+    maps = attention_maps(model, torch.tensor([list(ids)], device=device))
+    title = f"{source}: " + ("all layers, mean of heads" if layer == "all" else f"layer {layer}")
+    width, height = plot_attention([m.cpu() for m in maps], token_labels(tokenizer, ids), path,
+                                   layer, title)
+    return (f"wrote {path} ({width}x{height} px, {len(ids)} tokens, {len(maps)} layers, "
+            f"{model.config.n_head} heads)")
