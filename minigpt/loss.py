@@ -63,11 +63,11 @@ def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chun
     grad_h = torch.empty_like(hc) if need_grads else None
     grad_w = None
     scale = 1.0 / n_valid.clamp(min=1).to(torch.float32)
-    # Buffers reused by every chunk: fresh large tensors cost page faults on each allocation.
     chunk = -(-N // -(-N // chunk))  # equal chunks (no small last one) of at most `chunk` rows
     rows = min(chunk, N)
     # Float32 on the CPU: oneDNN's GEMMs (minigpt.linear); they allocate their results.
     onednn = uses_onednn(hc, wc)
+    # Buffers reused by every chunk: fresh large tensors cost page faults on each allocation.
     logits = None if onednn else torch.empty(rows, V, dtype=dtype, device=h.device)
     logits32 = logits if dtype == torch.float32 else torch.empty(rows, V, device=h.device)
     probs_buffer = torch.empty(rows, V, device=h.device)
