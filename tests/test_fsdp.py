@@ -8,6 +8,7 @@ sharding must not change the math. It also checks the sampling callback's parame
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
                     not torch.distributed.is_gloo_available(), reason="needs torch.distributed")
 def test_two_rank_fsdp_training_equals_single_process(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    with socket.socket() as s:  # a free port on the loopback interface, as Lightning picks one
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(port),
          str(ROOT / "tests" / "fsdp_worker.py"), str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=180,
     )
