@@ -40,6 +40,7 @@ from minigpt.data import (
     open_tokens,
     prepare_dataset,
 )
+from minigpt.host_memory import keep_freed_memory
 from minigpt.lit import LitGPT, default_precision
 from minigpt.model import GPT, GPTConfig
 from minigpt.tokenizer import tokenizer_from_dict
@@ -307,6 +308,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
+    if cfg.get("keep_freed_memory", True):
+        keep_freed_memory()
 
     # Data first: the model's vocabulary comes from the prepared data's tokenizer. Every rank
     # may call this; preparation is locked and idempotent (one prepares, the rest reuse).
