@@ -13,7 +13,6 @@ see ``measure_memory``. Float32, training mode, dropout 0 (as both would train),
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -27,8 +26,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
 
-import minigpt.linear  # noqa: E402
 from minigpt.attention import MultiHeadAttention  # noqa: E402
+from minigpt.linear import onednn_enabled  # noqa: E402
 
 SHAPES = {  # name -> (batch, tokens, d_model, heads)
     "8x256x384/6": (8, 256, 384, 6),
@@ -105,17 +104,6 @@ def check_equal(shape: str) -> tuple[float, float]:
 FUSED_MKL = "fused, MKL GEMMs"  # the fused block with PyTorch's default float32 GEMM
 
 
-@contextlib.contextmanager
-def onednn_linear(enabled: bool):
-    """Run minigpt's Linear layers on oneDNN's GEMM (the default) or on PyTorch's (MKL here)."""
-    saved = minigpt.linear.ONEDNN_AVAILABLE
-    minigpt.linear.ONEDNN_AVAILABLE = saved and enabled
-    try:
-        yield
-    finally:
-        minigpt.linear.ONEDNN_AVAILABLE = saved
-
-
 def time_shapes(shape: str, warmup: int, repeats: int) -> dict[str, list[float]]:
     """Seconds per forward + backward step, per round, variants interleaved. ``FUSED_MKL`` shows
     how much of the speedup is the fusion and SDPA, and how much oneDNN's GEMM
@@ -125,7 +113,7 @@ def time_shapes(shape: str, warmup: int, repeats: int) -> dict[str, list[float]]
     times: dict[str, list[float]] = {v: [] for v in runs}
     for i in range(warmup + repeats):
         for variant, (module, x, grad) in runs.items():
-            with onednn_linear(variant != FUSED_MKL):
+            with onednn_enabled(variant != FUSED_MKL):
                 start = clock()
                 step(module, x, grad)
                 elapsed = clock() - start

@@ -35,8 +35,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
 
-import minigpt.linear  # noqa: E402
-from minigpt.linear import ONEDNN_AVAILABLE, matmul_nt  # noqa: E402
+from minigpt.linear import ONEDNN_AVAILABLE, matmul_nt, onednn_enabled  # noqa: E402
 from minigpt.model import GPT, GPTConfig  # noqa: E402
 
 OURS_MKL = "ours fp32 MKL"  # our model with PyTorch's default float32 GEMM (no minigpt.linear)
@@ -81,9 +80,7 @@ class Variant:
         self.losses: list[float] = []
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        saved = minigpt.linear.ONEDNN_AVAILABLE
-        minigpt.linear.ONEDNN_AVAILABLE = saved and self.onednn
-        try:
+        with onednn_enabled(self.onednn):
             start = clock()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
                 loss = self.loss_fn(self.model, x, y)
@@ -91,8 +88,6 @@ class Variant:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             elapsed = clock() - start
-        finally:
-            minigpt.linear.ONEDNN_AVAILABLE = saved
         self.losses.append(loss.item())
         return elapsed
 

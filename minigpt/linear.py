@@ -20,6 +20,7 @@ model when ``MINIGPT_ONEDNN_LINEAR=0`` is set. Parameters and state-dict keys ar
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -54,6 +55,19 @@ def matmul_nt(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 ONEDNN_AVAILABLE = _onednn_available()
+
+
+@contextlib.contextmanager
+def onednn_enabled(enabled: bool):
+    """Within this context take the oneDNN path (where it applies) or not: for comparisons such
+    as the benchmarks' "default GEMM" rows. Process-wide, not thread-local."""
+    global ONEDNN_AVAILABLE
+    saved = ONEDNN_AVAILABLE
+    ONEDNN_AVAILABLE = saved and enabled
+    try:
+        yield
+    finally:
+        ONEDNN_AVAILABLE = saved
 
 
 def weight_grad(grad_rows: Tensor, rows: Tensor) -> Tensor:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import minigpt.linear
-from minigpt.linear import Linear, linear, uses_onednn, weight_grad
+from minigpt.linear import Linear, linear, onednn_enabled, uses_onednn, weight_grad
 
 needs_onednn = pytest.mark.skipif(not minigpt.linear.ONEDNN_AVAILABLE,
                                   reason="PyTorch built without oneDNN")
@@ -110,6 +110,15 @@ def test_onednn_only_where_it_applies():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not uses_onednn(rows, weight)
         assert linear(rows, weight).dtype == torch.bfloat16  # autocast's F.linear
+
+
+@needs_onednn
+def test_onednn_can_be_switched_off_for_a_while():
+    x, weight = torch.randn(64, 16), torch.randn(32, 16)
+    with onednn_enabled(False):
+        assert not uses_onednn(x, weight)
+        assert torch.equal(linear(x, weight), F.linear(x, weight))
+    assert uses_onednn(x, weight)
 
 
 def test_fallback_equals_f_linear_exactly():
