@@ -103,8 +103,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``, on oneDNN where that is faster (see the module docstring)."""
     if uses_onednn(x, weight):
         if not torch.is_grad_enabled():  # evaluation, sampling: nothing to save for backward
-            y = matmul_nt(x.reshape(-1, x.shape[-1]), weight, bias)
-            return y.view(*x.shape[:-1], weight.shape[0])
+            return _forward(x, weight, bias)[1]
         return _OneDNNLinear.apply(x, weight, bias)
     return F.linear(x, weight, bias)
 
@@ -116,15 +115,22 @@ class Linear(nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
+def _forward(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    """``x @ weight.T + bias`` for ``x`` of any leading shape on oneDNN; also the (N, in) rows of
+    ``x`` it multiplied (a view unless ``x`` was not contiguous), which backward needs."""
+    rows = x.reshape(-1, x.shape[-1])
+    y = matmul_nt(rows, weight, bias)  # (N, out)
+    return rows, y.view(*x.shape[:-1], weight.shape[0])
+
+
 class _OneDNNLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        rows = x.reshape(-1, x.shape[-1])  # (N, in)
-        y = matmul_nt(rows, weight, bias)  # (N, out)
+        rows, y = _forward(x, weight, bias)
         ctx.save_for_backward(rows, weight)
         ctx.input_shape = x.shape
         ctx.has_bias = bias is not None
-        return y.view(*x.shape[:-1], weight.shape[0])
+        return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
