@@ -1,0 +1,22 @@
+"""Checkpoints written by earlier versions of minigpt keep loading with the same numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from minigpt.checkpoint import load_checkpoint
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_checkpoint_from_before_the_layout_split_gives_the_same_logits():
+    expected = json.loads((FIXTURES / "checkpoint_v1_logits.json").read_text())
+    model, tokenizer, meta = load_checkpoint(FIXTURES / "checkpoint_v1.ckpt")
+    assert meta["format_version"] == 1
+    assert tokenizer.encode(expected["prompt"]) == expected["ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([expected["ids"]]))[0]
+    torch.testing.assert_close(logits, torch.tensor(expected["logits"]), rtol=0, atol=1e-5)
