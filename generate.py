@@ -22,7 +22,6 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
     (prompt + continuation, without the end-of-text token)."""
     import torch
 
-    from minigpt.packed import can_pack, pack_linears
     from minigpt.sampling import generate, validate_sampling
 
     validate_sampling(cfg.temperature, cfg.top_k, cfg.top_p)  # fail before loading anything
@@ -45,10 +44,13 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
                                   cfg.attention_layer, source))
     model.to(device)
     dtype = getattr(torch, cfg.dtype)
-    packed = cfg.packed and can_pack(device) and dtype in (torch.float32, torch.bfloat16)
-    if packed:  # CPU: weights in oneDNN's layout (and dtype), activations stay float32
-        pack_linears(model, dtype)
-    else:
+    applied = []
+    if cfg.cpu_speedups is not False and dtype in (torch.float32, torch.bfloat16):
+        from minigpt.cpu import speed_up_decoding
+
+        # CPU: weights in oneDNN's layout (and dtype), activations stay float32
+        applied = speed_up_decoding(model, weight_dtype=dtype)
+    if not applied:
         model.to(dtype)
 
     start = ids or [tokenizer.eot_id]  # an empty prompt starts a new document
@@ -57,7 +59,7 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
               f"conditioning on the last {ctx}")
         start = start[-ctx:]
     _info(f"{source}: {num_params / 1e6:.2f}M parameters, tokenizer {tokenizer.name!r}, "
-          f"context {ctx}, {device} {cfg.dtype}{' packed weights' if packed else ''}; "
+          f"context {ctx}, {device} {cfg.dtype}; cpu speedups: {', '.join(applied) or 'none'}; "
           f"{cfg.num_samples} sample(s) of up to {cfg.max_new_tokens} tokens")
 
     stream = cfg.num_samples == 1 if cfg.stream is None else bool(cfg.stream)
@@ -91,6 +93,8 @@ def _check_options(cfg: DictConfig) -> None:
         value, low = cfg[name], 0 if name != "num_samples" else 1
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             problems.append(f"{name}={value!r} must be an integer >= {low}")
+    if cfg.cpu_speedups not in ("auto", False):
+        problems.append(f"cpu_speedups={cfg.cpu_speedups!r} must be auto or false")
     if cfg.dtype not in DTYPES:
         problems.append(f"dtype={cfg.dtype!r} must be one of {DTYPES}")
     if cfg.ckpt_path is not None and cfg.pretrained is not None:

@@ -3,7 +3,7 @@
 It keeps the constructor of the book's ``MultiHeadAttention`` (Raschka, *Build a Large Language
 Model (From Scratch)*, ch. 3) and gives the same numbers for the same weights, but
 
-* projects queries, keys and values with ONE ``Linear(d_in, 3 * d_out)`` (one matmul, not three),
+* projects queries, keys and values with ONE ``nn.Linear(d_in, 3 * d_out)`` (one matmul, not three),
 * calls ``torch.nn.functional.scaled_dot_product_attention`` with ``is_causal=True`` on the plain
   causal path, so no T x T mask is built or stored (flash / memory-efficient kernels can run),
 * loads the book's unfused state dict (``W_query/W_key/W_value/out_proj`` and its ``mask`` buffer).
@@ -19,8 +19,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from minigpt.linear import Linear
 
 _BOOK_PROJECTIONS = ("W_query", "W_key", "W_value")
 
@@ -123,8 +121,8 @@ class MultiHeadAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = d_out // num_heads
         self.dropout = float(dropout)
-        self.qkv = Linear(d_in, 3 * d_out, bias=qkv_bias)  # rows: [queries; keys; values]
-        self.out_proj = Linear(d_out, d_out, bias=out_bias)
+        self.qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)  # rows: [queries; keys; values]
+        self.out_proj = nn.Linear(d_out, d_out, bias=out_bias)
         self.register_load_state_dict_pre_hook(_fuse_book_state_dict)
 
     def extra_repr(self) -> str:

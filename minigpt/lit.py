@@ -14,7 +14,6 @@ from functools import partial
 import lightning as L
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minigpt.checkpoint import checkpoint_metadata
@@ -169,10 +168,10 @@ class LitGPT(L.LightningModule):
              "compile": compile}
         )
         self.compiled = compile
-        if compile:
-            # Module.compile() compiles in place: parameter names (and so checkpoints) keep no
-            # ``_orig_mod.`` prefix, unlike ``torch.compile(module)``.
-            self.model.compile()
+        # The loss (forward + LM head + cross-entropy) compiled as one function; the module is
+        # not wrapped, so parameter names (and checkpoints) keep no ``_orig_mod.`` prefix, and
+        # sampling calls the model eagerly.
+        self._loss_fn = torch.compile(model.loss) if compile else model.loss
         self._pending_rng: dict | None = None
         self._last_end = 0.0  # when the previous optimizer step ended
         self._tokens_per_s: float | None = None
@@ -180,12 +179,7 @@ class LitGPT(L.LightningModule):
     # ---- steps -------------------------------------------------------------------------------
     def _loss(self, batch) -> torch.Tensor:
         x, y = batch  # (B, T) each
-        if self.compiled:
-            # Module.compile() compiles forward() only, so the compiled path goes through it.
-            logits = self.model(x)  # (B, T, V)
-            return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
-        # Same value as cross-entropy on the logits, without materializing (B, T, V) of them.
-        return self.model.loss(x, y)
+        return self._loss_fn(x, y)
 
     def training_step(self, batch, batch_idx):
         loss = self._loss(batch)

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minigpt.attention import KVCache, MultiHeadAttention
-from minigpt.linear import Linear
 
 
 @dataclass
@@ -72,11 +71,24 @@ class FeedForward(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.fc = Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.proj = Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class NextTokenLoss(nn.Module):
+    """Mean cross-entropy of the LM head's logits against the targets, in float32.
+
+    A module of its own (with no parameters) so that a hardware speedup can swap in a kernel
+    that never materializes the (B, T, V) logits (``minigpt.cpu.speed_up_training``)."""
+
+    def forward(self, hidden: Tensor, head: nn.Linear, targets: Tensor,
+                ignore_index: int = -100) -> Tensor:
+        logits = head(hidden)  # (B, T, V)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
+                               ignore_index=ignore_index)
 
 
 class Block(nn.Module):
@@ -114,8 +126,9 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.final_norm = nn.LayerNorm(C, eps=config.layer_norm_eps, bias=config.bias)
-        self.lm_head = Linear(C, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied, as GPT-2
+        self.next_token_loss = NextTokenLoss()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -166,20 +179,13 @@ class GPT(nn.Module):
         ignore_index: int = -100,
     ) -> Tensor:
         """Mean next-token cross-entropy (float32 scalar) of ``idx`` (B, T) against ``targets``
-        (B, T); targets equal to ``ignore_index`` do not count.
-
-        The same number as ``F.cross_entropy(model(idx).flatten(0, 1).float(), targets.flatten())``
-        but the (B, T, V) logits are never materialized (see ``minigpt.loss``): the fastest way to
-        train, especially under bfloat16 autocast.
-        """
-        from minigpt.loss import linear_cross_entropy
-
+        (B, T); targets equal to ``ignore_index`` do not count. The value of
+        ``F.cross_entropy(model(idx).flatten(0, 1).float(), targets.flatten())``."""
         if targets.shape != idx.shape:
             raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, "
                              f"got {tuple(targets.shape)}")
         x = self.hidden_states(idx, key_padding_mask, position_ids)  # (B, T, C)
-        return linear_cross_entropy(x.flatten(0, 1), self.lm_head.weight, targets.flatten(),
-                                    ignore_index=ignore_index)
+        return self.next_token_loss(x, self.lm_head, targets, ignore_index)
 
     def hidden_states(
         self,

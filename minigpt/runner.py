@@ -40,7 +40,6 @@ from minigpt.data import (
     open_tokens,
     prepare_dataset,
 )
-from minigpt.host_memory import keep_freed_memory
 from minigpt.lit import LitGPT, default_precision
 from minigpt.model import GPT, GPTConfig
 from minigpt.tokenizer import tokenizer_from_dict
@@ -73,6 +72,8 @@ def check_config(cfg: DictConfig) -> None:
         value = o.get(key)
         if value is not None and (not isinstance(value, (int, float)) or value < 0):
             problems.append(f"optim.{key}={value!r} must be a number >= 0")
+    if cfg.get("cpu_speedups", "auto") not in ("auto", False):
+        problems.append(f"cpu_speedups={cfg.get('cpu_speedups')!r} must be auto or false")
     threads = cfg.get("threads")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         problems.append(f"threads={threads!r} must be null or a positive integer")
@@ -158,6 +159,21 @@ def init_model(model_cfg: dict, tokenizer, vocab_size: int) -> GPT:
     rank_zero_info(f"initialized from {source}: {model.config}")
     model.train()
     return model
+
+
+def apply_cpu_speedups(model: GPT, cfg: DictConfig) -> list[str]:
+    """``minigpt.cpu.speed_up_training`` for a CPU run unless ``cpu_speedups=false``; logs what
+    it applied. Called once, after the model is built and before compiling or FSDP wrapping."""
+    accelerator = cfg.trainer.get("accelerator", "auto")
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    if cfg.get("cpu_speedups", "auto") is False or not on_cpu:
+        return []
+    from minigpt.cpu import speed_up_training
+
+    precision = cfg.trainer.get("precision") or default_precision(accelerator)
+    applied = speed_up_training(model, precision=str(precision), compiled=bool(cfg.compile))
+    rank_zero_info(f"cpu speedups: {', '.join(applied) or 'none apply'}")
+    return applied
 
 
 def resolve_ckpt_path(ckpt_path: str | None, root: Path) -> str | None:
@@ -308,8 +324,6 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
-    if cfg.get("keep_freed_memory", True):
-        keep_freed_memory()
 
     # Data first: the model's vocabulary comes from the prepared data's tokenizer. Every rank
     # may call this; preparation is locked and idempotent (one prepares, the rest reuse).
@@ -325,6 +339,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     except ValueError as e:
         raise ConfigError(str(e)) from None
     context_length = model.config.context_length
+    apply_cpu_speedups(model, cfg)
     # Same initial weights on every rank (above); from here each rank draws its own dropout masks.
     L.seed_everything(cfg.seed + rank_zero_only.rank, workers=True, verbose=False)
     datamodule = TokenDataModule(data_cfg, context_length, seed=cfg.seed, data_root=str(data_root))

@@ -18,8 +18,8 @@ from minigpt.checkpoint import (
     find_latest_checkpoint,
     load_checkpoint,
 )
+from minigpt.cpu import speed_up_decoding
 from minigpt.model import GPT, GPTConfig
-from minigpt.packed import can_pack, pack_linears
 from minigpt.tokenizer import get_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,9 +135,10 @@ def test_greedy_sample_matches_the_library(char_ckpt):
     path, model, tokenizer = char_ckpt
     ids = model.generate(torch.tensor([tokenizer.encode("First")]), 30, temperature=0,
                          vocab_size=tokenizer.vocab_size)[0].tolist()
-    for packed in ("false", "true"):  # packed: same weights in oneDNN's layout, same tokens here
+    for speedups in ("false", "auto"):  # auto: same weights in oneDNN's layout, same tokens here
         samples, printed = run(f"ckpt_path={path}", "prompt=First", "temperature=0",
-                               "max_new_tokens=30", "stop_at_eot=false", f"packed={packed}")
+                               "max_new_tokens=30", "stop_at_eot=false",
+                               f"cpu_speedups={speedups}")
         assert samples == [tokenizer.decode(ids)]
         assert printed == samples[0] + "\n"  # streamed (one sample), same text
 
@@ -267,9 +268,8 @@ def test_pretrained_hugging_face_directory(tmp_path):
     tokenizer = get_tokenizer("gpt2")
     samples, _ = run(f"pretrained={tmp_path / 'hf'}", "prompt=Hello world", "temperature=0",
                      "max_new_tokens=8", "stop_at_eot=false", "dtype=bfloat16")
-    if can_pack():  # what generate.py does on the CPU: bfloat16 weights, float32 activations
-        model = pack_linears(model, torch.bfloat16)
-    else:
+    # What generate.py does on the CPU: bfloat16 weights, float32 activations (or plain bf16).
+    if not speed_up_decoding(model, torch.bfloat16):
         model = model.to(torch.bfloat16)
     ids = model.generate(torch.tensor([tokenizer.encode("Hello world")]), 8,
                          temperature=0)[0].tolist()

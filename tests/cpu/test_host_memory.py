@@ -1,4 +1,4 @@
-"""minigpt.host_memory: with it, a training-like loop reuses its freed memory without page faults."""
+"""minigpt.cpu.host_memory: with it, a training-like loop reuses its freed memory without page faults."""
 
 import subprocess
 import sys
@@ -9,7 +9,7 @@ import pytest
 # After a few steps the heap holds the loop's peak, and later steps fault in no new pages.
 PROGRAM = """
 import resource, sys, torch
-from minigpt.host_memory import keep_freed_memory
+from minigpt.cpu.host_memory import keep_freed_memory
 if sys.argv[1] == "on":
     assert keep_freed_memory()
 def faults():
@@ -39,7 +39,7 @@ def test_repeated_large_allocations_stop_page_faulting():
 
 
 def test_not_linux_is_a_no_op(monkeypatch):
-    from minigpt import host_memory
+    from minigpt.cpu import host_memory
 
     monkeypatch.setattr(host_memory.sys, "platform", "darwin")
     assert host_memory.keep_freed_memory() is False

@@ -3,14 +3,12 @@
 A training step allocates and frees the same large tensors every step (activations, logit
 chunks, gradients). glibc's malloc hands out blocks above its mmap threshold (a few MiB up to
 32 MiB, adjusted as the program runs) as fresh ``mmap`` regions and unmaps them when freed, so
-each step writes to brand-new pages and pays a page fault per 4 KiB page for them. On this
-2-core machine that is 12-17% of a CPU training step of the toy model with GPT-2's 50304-token
-vocabulary (8 x 256 tokens: float32 1.36 -> 1.19 s, bfloat16 0.83 -> 0.72 s; under train.py
-4504 -> 4960 tokens/s); with a 128-token character vocabulary the blocks are small and nothing
-changes. Raising the mmap and trim thresholds keeps freed blocks in the heap,
-where later steps reuse them (after a few steps the heap holds the step's peak and no new
-pages are touched). The price: the process keeps its peak heap until it exits, which
-a training run reaches on every step anyway.
+each step writes to brand-new pages and pays a page fault per 4 KiB page for them: a visible
+share of a CPU step when the vocabulary is GPT-2's (large logit chunks), nothing with a
+character vocabulary (``bench/README.md`` has the numbers). Raising the mmap and trim thresholds
+keeps freed blocks in the heap, where later steps reuse them (after a few steps the heap holds
+the step's peak and no new pages are touched). The price: the process keeps its peak heap until
+it exits, which a training run reaches on every step anyway.
 
 ``mallopt`` is glibc's own switch; there is no PyTorch setting for this (its CPU allocator is
 plain malloc), and the ``MALLOC_*_`` environment variables only work when set before Python

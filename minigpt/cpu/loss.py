@@ -1,4 +1,4 @@
-"""Cross-entropy over the LM head without materializing the (N, V) logits: ``GPT.loss``.
+"""Cross-entropy over the LM head without materializing the (N, V) logits, for CPU training.
 
 ``linear_cross_entropy(h, W, targets)`` equals ``F.cross_entropy((h @ W.T).float(), targets)``
 (mean over non-ignored targets), but walks the N rows in chunks: each chunk's logits live in one
@@ -8,7 +8,8 @@ the logits are the largest activations of a step (N x 50304 floats, gradient and
 copies again); not allocating them saves memory traffic and page faults, which matters most in
 bfloat16 where the matmuls themselves are cheap.
 
-Under ``torch.autocast`` the matmuls run in the autocast dtype (as ``nn.Linear`` would) and the
+``ChunkedNextTokenLoss`` uses it in place of the model's ``NextTokenLoss``
+(``minigpt.cpu.speed_up_training``). Under ``torch.autocast`` the matmuls run in the autocast dtype (as ``nn.Linear`` would) and the
 softmax in float32 (as the usual ``logits.float()``). Shape letters: N rows (B * T), C features,
 V vocabulary.
 """
@@ -17,9 +18,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from minigpt.linear import matmul_nt, uses_onednn
+from minigpt.cpu.linear import uses_onednn
+from minigpt.cpu.onednn import matmul_nt
 
 # Logits per chunk (128 MiB in float32): big enough that each chunk's matmuls run at full speed
 # and the (V, C) weight gradient is not re-accumulated too often.
@@ -65,7 +67,7 @@ def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chun
     scale = 1.0 / n_valid.clamp(min=1).to(torch.float32)
     chunk = -(-N // -(-N // chunk))  # equal chunks (no small last one) of at most `chunk` rows
     rows = min(chunk, N)
-    # Float32 on the CPU: oneDNN's GEMMs (minigpt.linear); they allocate their results.
+    # Float32 on the CPU: oneDNN's GEMMs (minigpt.cpu.linear); they allocate their results.
     onednn = uses_onednn(hc, wc)
     # Buffers reused by every chunk: fresh large tensors cost page faults on each allocation.
     logits = None if onednn else torch.empty(rows, V, dtype=dtype, device=h.device)
@@ -89,31 +91,40 @@ def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chun
         row_scale = valid[start:end] * scale  # (n,): 1 / n_valid, 0 on ignored rows
         losses[start:end] = row_loss * (row_scale > 0)
         if need_grads:
-            # d(mean loss)/d logits = (softmax - one_hot) * row_scale. The row scale is applied
-            # to the (n, C) operands and results, not to the (n, V) matrix: one pass fewer.
+            # d(mean loss)/d logits = (softmax - one_hot) * row_scale.
             probs.scatter_add_(1, t, torch.full_like(t, -1, dtype=probs.dtype))
             # In the matmul dtype, as autocast's backward would use; z is free to reuse.
             g = probs if dtype == torch.float32 else z.copy_(probs)
-            if onednn:
-                grad_h_rows = grad_h[start:end]
-                grad_h_rows.copy_(matmul_nt(g, wc.t()))  # (n, C)
-            else:
-                grad_h_rows = torch.mm(g, wc, out=grad_h[start:end])  # (n, C)
-            grad_h_rows.mul_(row_scale[:, None].to(dtype))
-            h_scaled = hc[start:end] * row_scale[:, None].to(dtype)  # (n, C)
-            if onednn:  # accumulated as (C, V): oneDNN then reads g in place (minigpt.linear)
-                chunk_grad_w = matmul_nt(h_scaled.t(), g.t())  # (C, V)
-                grad_w = chunk_grad_w if start == 0 else grad_w.add_(chunk_grad_w)
-            elif start == 0:
-                grad_w = torch.mm(g.t(), h_scaled).float()  # (V, C)
-            elif dtype == torch.float32:  # accumulated inside the matmul
-                torch.addmm(grad_w, g.t(), h_scaled, out=grad_w)
-            else:
-                grad_w.add_(torch.mm(g.t(), h_scaled))
+            grad_w = _chunk_grads(g, hc[start:end], wc, row_scale, grad_h[start:end], grad_w,
+                                  onednn)
     if onednn and grad_w is not None:
         grad_w = grad_w.t()  # (V, C), laid out like the weight by autograd
     loss = losses.sum() / n_valid.to(torch.float32)
     return loss, grad_h, grad_w
+
+
+def _chunk_grads(g: Tensor, h_rows: Tensor, wc: Tensor, row_scale: Tensor, grad_h_rows: Tensor,
+                 grad_w: Tensor | None, onednn: bool) -> Tensor:
+    """Write this chunk's input gradient into ``grad_h_rows`` (n, C) and add its weight gradient
+    to ``grad_w`` (None for the first chunk); return ``grad_w``: (C, V) on oneDNN, else (V, C).
+
+    ``g`` (n, V) is softmax - one-hot. The row scale is applied to the (n, C) operands and
+    results, not to the (n, V) matrix: one pass over the logits fewer."""
+    dtype = g.dtype
+    if onednn:
+        grad_h_rows.copy_(matmul_nt(g, wc.t()))  # (n, C)
+    else:
+        torch.mm(g, wc, out=grad_h_rows)  # (n, C)
+    grad_h_rows.mul_(row_scale[:, None].to(dtype))
+    h_scaled = h_rows * row_scale[:, None].to(dtype)  # (n, C)
+    if onednn:  # accumulated as (C, V): oneDNN then reads g in place (minigpt.cpu.linear)
+        chunk_grad_w = matmul_nt(h_scaled.t(), g.t())  # (C, V)
+        return chunk_grad_w if grad_w is None else grad_w.add_(chunk_grad_w)
+    if grad_w is None:
+        return torch.mm(g.t(), h_scaled).float()  # (V, C)
+    if dtype == torch.float32:  # accumulated inside the matmul
+        return torch.addmm(grad_w, g.t(), h_scaled, out=grad_w)
+    return grad_w.add_(torch.mm(g.t(), h_scaled))
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -139,3 +150,20 @@ def reference_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor,
                             ignore_index: int = -100) -> Tensor:
     """The plain formulation ``linear_cross_entropy`` must equal (for tests and checks)."""
     return F.cross_entropy((h @ weight.t()).float(), targets, ignore_index=ignore_index)
+
+
+class ChunkedNextTokenLoss(nn.Module):
+    """``minigpt.model.NextTokenLoss`` through ``linear_cross_entropy``: the same value and
+    gradients, without the (B, T, V) logits. A bias on the head (GPT-2 has none) or fp16 autocast
+    (whose loss scale arrives too late for these fp16 gradient terms) take the plain path."""
+
+    def forward(self, hidden: Tensor, head: nn.Linear, targets: Tensor,
+                ignore_index: int = -100) -> Tensor:
+        fp16 = torch.is_autocast_enabled(hidden.device.type) and \
+            torch.get_autocast_dtype(hidden.device.type) == torch.float16
+        if head.bias is not None or fp16:
+            return F.cross_entropy(head(hidden).flatten(0, 1).float(), targets.flatten(),
+                                   ignore_index=ignore_index)
+        return linear_cross_entropy(hidden.flatten(0, 1), head.weight, targets.flatten(),
+                                    ignore_index=ignore_index)
+

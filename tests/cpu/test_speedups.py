@@ -1,0 +1,91 @@
+"""minigpt.cpu.speed_up_training: the sped-up model computes the plain model's loss and
+gradients (within float32 rounding), keeps its parameters, tied weights and state-dict keys."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import minigpt.cpu.loss
+from minigpt.cpu import onednn, speed_up_training
+from minigpt.cpu.linear import OneDNNLinear
+from minigpt.cpu.loss import ChunkedNextTokenLoss
+from minigpt.model import GPT, GPTConfig, NextTokenLoss
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+TINY = dict(vocab_size=97, context_length=16, n_layer=2, n_head=2, n_embd=32)
+
+
+def plain_and_fast(**kwargs):
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(**TINY))
+    fast = copy.deepcopy(plain)
+    applied = speed_up_training(fast, keep_freed_memory=False, **kwargs)
+    return plain, fast, applied
+
+
+def batch():
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, 97, (2, 16), generator=g)
+    targets = torch.randint(0, 97, (2, 16), generator=g)
+    targets[0, :3] = -100  # ignored
+    return idx, targets
+
+
+@pytest.mark.skipif(not onednn.available(), reason="PyTorch built without oneDNN")
+@pytest.mark.parametrize("chunk_rows", [None, 5])  # 5: several chunks, the last one short
+def test_loss_and_gradients_equal_the_plain_model(chunk_rows, monkeypatch):
+    if chunk_rows:
+        monkeypatch.setattr(minigpt.cpu.loss, "_CHUNK_ELEMENTS", chunk_rows * TINY["vocab_size"])
+    plain, fast, applied = plain_and_fast()
+    assert applied == ["oneDNN float32 linear layers (9)", "chunked LM-head loss"]
+    idx, targets = batch()
+    expected = plain.loss(idx, targets)
+    loss = fast.loss(idx, targets)
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
+    expected_grads = torch.autograd.grad(expected, list(plain.parameters()))
+    grads = torch.autograd.grad(loss, list(fast.parameters()))
+    for g, e in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(idx), plain(idx), rtol=1e-5, atol=1e-5)
+
+
+def test_parameters_tying_and_state_dict_keys_are_kept():
+    plain, fast, _ = plain_and_fast()
+    params = {id(p) for p in fast.parameters()}
+    speed_up_training(fast, keep_freed_memory=False)  # a second call swaps nothing again
+    assert {id(p) for p in fast.parameters()} == params
+    assert fast.lm_head.weight is fast.tok_emb.weight
+    assert list(fast.state_dict()) == list(plain.state_dict())
+    if onednn.available():
+        assert type(fast.blocks[0].attn.qkv) is OneDNNLinear
+    assert isinstance(fast.next_token_loss, ChunkedNextTokenLoss)
+
+
+def test_loss_under_bfloat16_autocast_matches_the_plain_model():
+    plain, fast, _ = plain_and_fast(precision="bf16-mixed")
+    idx, targets = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, loss = plain.loss(idx, targets), fast.loss(idx, targets)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, expected, rtol=1e-3, atol=1e-3)
+    loss.backward()
+    assert fast.tok_emb.weight.grad.dtype == torch.float32
+
+
+def test_nothing_model_level_when_compiled_or_off_the_cpu():
+    _, fast, applied = plain_and_fast(compiled=True)
+    assert applied == []
+    assert type(fast.blocks[0].attn.qkv) is nn.Linear and type(fast.next_token_loss) is NextTokenLoss
+    meta = GPT(GPTConfig(**TINY)).to("meta")
+    assert speed_up_training(meta) == []
+
+
+def test_float16_keeps_the_plain_loss():
+    _, fast, applied = plain_and_fast(precision="16-mixed")
+    assert "chunked LM-head loss" not in applied
+    assert type(fast.next_token_loss) is NextTokenLoss
