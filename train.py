@@ -1,13 +1,13 @@
 """Train a GPT: ``python train.py [group=choice ...] [key=value ...]`` (see configs/train.yaml).
 
-A thin Hydra entry point; the work is ``minigpt.runner.run``."""
+A thin Hydra entry point; the work is ``minigpt.train.run.run``."""
 
 import sys
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from minigpt.runner import run_id
+from minigpt.train.run import run_id
 
 # outputs/<date>/${run_id:}: one directory per run, shared by all ranks (configs/train.yaml)
 OmegaConf.register_new_resolver("run_id", run_id, use_cache=True)
@@ -17,7 +17,8 @@ OmegaConf.register_new_resolver("run_id", run_id, use_cache=True)
 def main(cfg: DictConfig) -> None:
     from minigpt.checkpoint import CheckpointError
     from minigpt.data import DataError
-    from minigpt.runner import ConfigError, run
+    from minigpt.train.config import ConfigError
+    from minigpt.train.run import run
 
     try:
         run(cfg)

@@ -10,7 +10,9 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from minigpt.model import GPT
-from minigpt.runner import build_loggers, build_trainer, check_config, gpt_config
+from minigpt.train.config import check_config, gpt_config
+from minigpt.train.loggers import build_loggers
+from minigpt.train.trainer import build_trainer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -146,7 +148,7 @@ def test_fsdp_wraps_each_block(tmp_path, monkeypatch):
 
 
 def test_trainer_problems_are_config_errors(tmp_path):
-    from minigpt.runner import ConfigError
+    from minigpt.train.config import ConfigError
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

@@ -39,7 +39,7 @@ def tiny_model(vocab_size=64, context_length=32, seed=0):
 
 
 def save_checkpoint(path, model, tokenizer, **meta_overrides):
-    """A checkpoint in the documented format, as minigpt.lit writes it (plus a Lightning key)."""
+    """A checkpoint in the documented format, as minigpt.train.lit writes it (plus a Lightning key)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {**checkpoint_metadata(model.config.to_dict(), tokenizer.to_dict()), **meta_overrides}
     torch.save({"state_dict": {"model." + k: v for k, v in model.state_dict().items()},
@@ -297,7 +297,7 @@ def test_train_then_generate(tmp_path, monkeypatch):
     """train.py's runner writes outputs/<run>/checkpoints/last.ckpt; generate.py finds and uses
     it with no arguments (a few optimizer steps of the toy char model)."""
     from minigpt.data import prepare_dataset
-    from minigpt.runner import run as train
+    from minigpt.train.run import run as train
 
     overrides = [
         "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.context_length=32",

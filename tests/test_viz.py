@@ -350,7 +350,7 @@ def real_runs(tmp_path_factory):
     pytest.importorskip("lightning")
     from hydra import compose, initialize_config_dir
 
-    from minigpt.runner import run
+    from minigpt.train.run import run
 
     root = tmp_path_factory.mktemp("runs")
     summaries = {}

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-# The names minigpt.lit logs come first (first match wins); the others cover hand-made logs.
+# The names minigpt.train.lit logs come first (first match wins); the others cover hand-made logs.
 TOKENS = ("tokens", "train/tokens", "tokens_seen")
 TRAIN_LOSS = ("train/loss",)
 VAL_LOSS = ("val/loss",)

@@ -19,22 +19,16 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from minigpt.callbacks import AtomicCheckpointIO
 from minigpt.checkpoint import load_checkpoint
-from minigpt.lit import LitGPT, default_precision, lr_at, param_groups, strip_compiled_prefix
 from minigpt.model import GPT, GPTConfig
-from minigpt.runner import (
-    ConfigError,
-    _wandb_logged_in,
-    build_loggers,
-    init_model,
-    padded_vocab_size,
-    resolve_ckpt_path,
-    run,
-)
 from minigpt.tokenizer import get_tokenizer
+from minigpt.train.config import ConfigError
+from minigpt.train.loggers import _wandb_logged_in, build_loggers
+from minigpt.train.model_init import init_model, padded_vocab_size
+from minigpt.train.optim import lr_at
+from minigpt.train.run import resolve_ckpt_path, run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = [
     "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.context_length=32",
     "data.batch_size=4", "data.val_tokens=256", "trainer=cpu", "trainer.max_steps=8",
@@ -81,94 +75,12 @@ class SignalAt(L.Callback):
 
 # ---- pure helpers ----------------------------------------------------------------------------
 
-def test_lr_schedule_numbers():
-    kw = dict(lr=1.0, min_lr=0.1, warmup_steps=10, decay_steps=110)
-    assert lr_at(0, **kw) == pytest.approx(0.1)
-    assert lr_at(4, **kw) == pytest.approx(0.5)
-    assert lr_at(9, **kw) == pytest.approx(1.0)
-    assert lr_at(10, **kw) == pytest.approx(1.0)  # cosine starts at the peak
-    assert lr_at(60, **kw) == pytest.approx(0.55)  # halfway: (lr + min_lr) / 2
-    assert lr_at(110, **kw) == pytest.approx(0.1)
-    assert lr_at(10_000, **kw) == pytest.approx(0.1)
-    decay = [lr_at(s, **kw) for s in range(10, 111)]
-    assert all(a >= b for a, b in zip(decay, decay[1:], strict=False))
-
-
-def test_param_groups_decay_linear_weights_only():
-    model = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=2, n_head=2, n_embd=16))
-    decay, no_decay = param_groups(model, 0.1)
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    names = {id(p): n for n, p in model.named_parameters()}
-    decayed = {names[id(p)] for p in decay["params"]}
-    # qkv, out_proj, fc, proj in each of 2 blocks; the LM head is the (undecayed) embedding
-    assert len(decayed) == 8 and all(n.endswith(".weight") and "norm" not in n for n in decayed)
-    undecayed = {names[id(p)] for p in no_decay["params"]}
-    assert {"tok_emb.weight", "pos_emb.weight", "final_norm.weight", "final_norm.bias"} <= undecayed
-    assert not any("lm_head" in n for n in decayed)
-    total = sum(p.numel() for g in (decay, no_decay) for p in g["params"])
-    assert total == model.num_params()
-
-
-def test_mfu_peaks_only_for_known_gpus(monkeypatch):
-    from minigpt.lit import peak_flops
-
-    assert peak_flops(torch.device("cpu")) is None
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "NVIDIA A100-SXM4-80GB")
-    assert peak_flops(torch.device("cuda", 0)) == 312e12
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "NVIDIA H100 PCIe")
-    assert peak_flops(torch.device("cuda", 0)) == 756e12
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "Some Future GPU")
-    assert peak_flops(torch.device("cuda", 0)) is None
-
-
-def test_default_precision(monkeypatch):
-    import minigpt.lit as lit
-
-    monkeypatch.setattr(lit, "_cpu_has_native_bf16", lambda: True)
-    assert default_precision("cpu") == "bf16-mixed"
-    monkeypatch.setattr(lit, "_cpu_has_native_bf16", lambda: False)
-    assert default_precision("cpu") == "32-true"
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert default_precision("gpu") == "32-true"
-    assert default_precision("auto") == "32-true"
-
-
 def test_vocab_padding_and_pinning():
     assert padded_vocab_size(81, None) == 128
     assert padded_vocab_size(50257, None) == 50304
     assert padded_vocab_size(81, 100) == 100
     with pytest.raises(ConfigError, match=r"model.vocab_size=50 is smaller .* \(81\)"):
         padded_vocab_size(81, 50)
-
-
-def test_compiled_prefix_is_stripped_on_save_and_load():
-    model = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=1, n_head=2, n_embd=16))
-    lit = LitGPT(model, {}, {"type": "char"})
-    clean = {"model." + k: v for k, v in model.state_dict().items()}
-    compiled = {k.replace("model.", "model._orig_mod.", 1): v for k, v in clean.items()}
-    assert strip_compiled_prefix(compiled).keys() == clean.keys()
-    checkpoint = {"state_dict": dict(compiled)}
-    lit.on_load_checkpoint(checkpoint)
-    lit.load_state_dict(checkpoint["state_dict"])  # strict: loads without key surgery
-    saved = {"state_dict": dict(compiled)}
-    lit.on_save_checkpoint(saved)
-    assert saved["state_dict"].keys() == clean.keys()
-    assert saved["minigpt"]["model_config"] == model.config.to_dict()
-
-
-def test_atomic_checkpoint_io_never_leaves_a_partial_file(tmp_path, monkeypatch):
-    path = tmp_path / "last.ckpt"
-    io = AtomicCheckpointIO()
-    io.save_checkpoint({"step": 1}, path)
-
-    def crash(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(KeyboardInterrupt):
-        io.save_checkpoint({"step": 2}, path)
-    assert torch.load(path, weights_only=True) == {"step": 1}
-    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
 
 
 def test_resolve_ckpt_path(tmp_path):
@@ -370,12 +282,12 @@ def test_ddp_two_cpu_processes(tmp_path, data_root):
 
 
 def test_fsdp_two_cpu_processes(tmp_path, data_root):
-    """trainer=fsdp through Lightning on 2 CPU processes: tests/fsdp_cpu_train.py lifts only the
+    """trainer=fsdp through Lightning on 2 CPU processes: tests/train/fsdp_cpu_train.py lifts only the
     device guards that keep Lightning's FSDP on GPUs."""
     result = _train_py(
         tmp_path, *TINY, f"data_root={data_root}", "trainer=fsdp", "trainer.accelerator=cpu",
         "trainer.devices=2", "trainer.max_steps=4", "trainer.val_check_interval=2",
-        "logger=csv", timeout=180, script=ROOT / "tests" / "fsdp_cpu_train.py",
+        "logger=csv", timeout=180, script=ROOT / "tests" / "train" / "fsdp_cpu_train.py",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "strategy: CPUFSDPStrategy" in result.stdout + result.stderr
@@ -398,7 +310,7 @@ def test_fsdp_two_cpu_processes(tmp_path, data_root):
 
 
 def test_run_id_is_shared_by_the_ranks_of_a_launch(monkeypatch):
-    from minigpt.runner import run_id
+    from minigpt.train.run import run_id
 
     for var in ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_STEP_ID"):
         monkeypatch.delenv(var, raising=False)

@@ -1,6 +1,6 @@
 """``train.py`` with Lightning's FSDP strategy let through on CPU processes (gloo), for tests only.
 
-    python tests/fsdp_cpu_train.py trainer=fsdp trainer.accelerator=cpu trainer.devices=2 ...
+    python tests/train/fsdp_cpu_train.py trainer=fsdp trainer.accelerator=cpu trainer.devices=2 ...
 
 Three device guards are lifted, nothing else changes: Lightning rejects ``FSDPStrategy`` itself on
 a CPU (a subclass passes its check); FSDP needs ``device_id=cpu`` to keep CPU parameters (Lightning
@@ -46,7 +46,7 @@ pytorch_fsdp._get_full_state_dict_context = full_state_dict_without_offload
 fabric_fsdp._get_full_state_dict_context = full_state_dict_without_offload
 
 # Run train.py as the main script; Lightning starts the other rank with this file's sys.argv.
-train_py = Path(__file__).resolve().parents[1] / "train.py"
+train_py = Path(__file__).resolve().parents[2] / "train.py"
 sys.path.insert(0, str(train_py.parent))
 exec(compile(train_py.read_text(), str(train_py), "exec"),
      {"__name__": "__main__", "__file__": str(train_py)})

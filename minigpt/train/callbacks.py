@@ -1,5 +1,5 @@
 """Lightning glue that is not the model's business: atomic checkpoint files, a checkpoint on
-Ctrl-C / SIGTERM, and a text sample at each validation."""
+Ctrl-C / SIGTERM, a text sample at each validation, a progress bar counted in steps."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
@@ -160,3 +161,11 @@ class SampleText(L.Callback):
             elif hasattr(logger, "log_text"):
                 logger.log_text(key="samples", columns=["step", "text"], data=[[step, text]],
                                 step=step)
+
+
+class StepProgressBar(TQDMProgressBar):
+    """Lightning's bar, labelled by step: "epochs" of an endless stream mean nothing."""
+
+    def on_train_epoch_start(self, trainer, *args):
+        super().on_train_epoch_start(trainer, *args)
+        self.train_progress_bar.set_description("train")

@@ -1,4 +1,4 @@
-"""One rank of tests/test_fsdp.py: ``torchrun --nproc_per_node 2 tests/fsdp_worker.py OUT_DIR``.
+"""One rank of tests/train/test_fsdp.py: ``torchrun --nproc_per_node 2 tests/train/fsdp_worker.py OUT_DIR``.
 
 Wraps a tiny GPT the way Lightning's FSDPStrategy does with our settings (the LightningModule as
 the root unit, one unit per Block, FULL_SHARD, use_orig_params), trains a few steps on this
@@ -16,10 +16,10 @@ from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-from minigpt.callbacks import gathered_parameters
-from minigpt.lit import param_groups
 from minigpt.model import GPT, Block, GPTConfig
 from minigpt.sampling import generate
+from minigpt.train.callbacks import gathered_parameters
+from minigpt.train.optim import param_groups
 
 
 class Root(nn.Module):

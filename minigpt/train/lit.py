@@ -1,141 +1,30 @@
-"""The LightningModule that trains a ``GPT``: steps, metrics, optimizer groups, LR schedule.
+"""The LightningModule that trains a ``GPT``: steps, metrics, optimizer, checkpoint contents.
 
-Pure helpers (``lr_at``, ``param_groups``, ``default_precision``, ``peak_flops``) are plain
-functions with tests. Shape letters: B batch, T tokens, V vocabulary (padded).
+The math it wires together lives in ``minigpt.train.optim`` (groups, LR schedule),
+``minigpt.train.device`` (peak FLOP/s) and ``minigpt.train.rng``. Shape letters: B batch,
+T tokens.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import time
-from functools import partial
 
 import lightning as L
-import numpy as np
 import torch
-from torch import nn
 
 from minigpt.checkpoint import checkpoint_metadata
 from minigpt.model import GPT
+from minigpt.train.device import peak_flops
+from minigpt.train.optim import adamw_with_schedule
+from minigpt.train.rng import rng_state, set_rng_state
 
 _COMPILED_PREFIX = "_orig_mod."
-
-# Dense bf16/fp16 tensor-core peaks (FLOP/s) of common GPUs, matched by substring of the device
-# name, most specific first. MFU is only reported when the device is found here (or the user
-# sets ``peak_flops``), since a wrong peak is worse than none.
-GPU_PEAK_FLOPS = (
-    ("H200", 989e12),
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),
-    ("A100", 312e12),
-    ("A10G", 70e12),
-    ("A10", 125e12),
-    ("L40S", 362e12),
-    ("L4", 121e12),
-    ("RTX 4090", 165e12),
-    ("RTX 3090", 71e12),
-    ("A6000", 155e12),
-    ("V100", 125e12),
-    ("T4", 65e12),
-)
-
-
-def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, decay_steps: int) -> float:
-    """Learning rate after ``step`` optimizer steps: linear warmup from lr/warmup_steps to ``lr``
-    over ``warmup_steps``, cosine decay to ``min_lr`` at ``decay_steps``, then ``min_lr``."""
-    if step < warmup_steps:
-        return lr * (step + 1) / warmup_steps
-    if step >= decay_steps:
-        return min_lr
-    progress = (step - warmup_steps) / max(1, decay_steps - warmup_steps)  # in [0, 1)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: weight decay on the weight matrices of ``nn.Linear`` layers only; biases,
-    LayerNorm and embeddings (including the LM head tied to the token embedding) get none.
-
-    Decided by module type, not ``p.dim()``, so it also holds for FSDP's flattened shards."""
-    embedding_ids = {
-        id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
-    }
-    decay_ids = {
-        id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)
-    } - embedding_ids
-    decay, no_decay = [], []
-    for p in model.parameters():  # yields a tied tensor once
-        if p.requires_grad:
-            (decay if id(p) in decay_ids else no_decay).append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-
-
-def _cpu_has_native_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-        if "amx_bf16" in flags or "avx512_bf16" in flags:
-            return True
-    except OSError:
-        pass
-    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool((check and check()) or (amx and amx()))
-
-
-def default_precision(accelerator: str) -> str:
-    """Lightning precision for a device: ``bf16-mixed`` where the hardware multiplies bf16
-    natively (CUDA with bf16 support; CPUs with AMX or AVX512-BF16), ``16-mixed`` (with a grad
-    scaler) on older GPUs, ``32-true`` elsewhere."""
-    if accelerator == "auto":
-        accelerator = "gpu" if torch.cuda.is_available() else "cpu"
-    if accelerator in ("gpu", "cuda"):
-        if not torch.cuda.is_available():
-            return "32-true"
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-    if accelerator == "cpu":
-        return "bf16-mixed" if _cpu_has_native_bf16() else "32-true"
-    return "32-true"
-
-
-def peak_flops(device: torch.device) -> float | None:
-    """Dense half-precision peak of a known GPU, else None (MFU is then not logged)."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in GPU_PEAK_FLOPS if key in name), None)
 
 
 def strip_compiled_prefix(state_dict: dict) -> dict:
     """Remove ``torch.compile``'s ``_orig_mod.`` from keys, wherever it sits in the key."""
     return {k.replace(_COMPILED_PREFIX, ""): v for k, v in state_dict.items()}
-
-
-def _rng_state() -> dict:
-    """Python, NumPy and torch RNG states as weights_only-safe types (tensors, ints, tuples)."""
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": (np_name, torch.from_numpy(np_keys.astype(np.int64)), np_pos, np_has_gauss,
-                  np_gauss),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(tuple(v if not isinstance(v, list) else tuple(v) for v in state["python"]))
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = state["numpy"]
-    np.random.set_state((np_name, np_keys.numpy().astype(np.uint32), np_pos, np_has_gauss,
-                         np_gauss))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class LitGPT(L.LightningModule):
@@ -221,7 +110,7 @@ class LitGPT(L.LightningModule):
         if self._pending_rng is not None:
             # Restored here, not in on_load_checkpoint: creating the dataloader iterator after
             # the restore draws from torch's RNG, which the uninterrupted run did long ago.
-            _set_rng_state(self._pending_rng)
+            set_rng_state(self._pending_rng)
             self._pending_rng = None
         self._tokens_per_batch = batch[0].numel()
         # The lr this step uses: by on_train_batch_end the scheduler has already moved on.
@@ -258,26 +147,15 @@ class LitGPT(L.LightningModule):
 
     # ---- optimizer ---------------------------------------------------------------------------
     def configure_optimizers(self):
-        o = self.optim
-        groups = param_groups(self.model, o["weight_decay"])
-        # The fused kernel steps all parameters of a group at once (~5x on a CPU for GPT-2
-        # small); it needs floating-point parameters on a device type that implements it.
-        # Not under fp16: there the grad scaler must unscale before clipping, which Lightning
-        # skips for optimizers that unscale internally.
+        # The fused kernel steps all parameters of a group at once; it needs floating-point
+        # parameters on a device type that implements it. Not under fp16: there the grad scaler
+        # must unscale before clipping, which Lightning skips for optimizers that unscale
+        # internally.
         device_type = next(self.model.parameters()).device.type
         fp16 = str(self.trainer.precision).startswith("16")
-        fused = o.get("fused", True) and device_type in ("cuda", "cpu", "xpu", "mps") and not fp16
-        optimizer = torch.optim.AdamW(
-            groups, lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"],
-            **({"fused": True} if fused else {}),
-        )
-        # The lambda is a partial, so its arguments (not a closure) are inspectable; the step
-        # count lives in the scheduler's state and comes back on resume.
-        schedule = partial(
-            _lr_ratio, lr=o["lr"], min_lr=o["min_lr"], warmup_steps=o["warmup_steps"],
-            decay_steps=o["decay_steps"],
-        )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        fused = self.optim.get("fused", True) and device_type in ("cuda", "cpu", "xpu", "mps") \
+            and not fp16
+        optimizer, scheduler = adamw_with_schedule(self.model, self.optim, fused=fused)
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
 
@@ -285,7 +163,7 @@ class LitGPT(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["state_dict"] = strip_compiled_prefix(checkpoint["state_dict"])
         checkpoint["minigpt"] = checkpoint_metadata(self.model.config.to_dict(), self.tokenizer)
-        states = _rng_state()
+        states = rng_state()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             gathered = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(gathered, states)
@@ -300,8 +178,3 @@ class LitGPT(L.LightningModule):
         if states:
             rank = self.global_rank if len(states) > self.global_rank else 0
             self._pending_rng = states[rank]
-
-
-def _lr_ratio(step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_steps: int) -> float:
-    return lr_at(step, lr, min_lr, warmup_steps, decay_steps) / lr
-

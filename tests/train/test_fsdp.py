@@ -1,7 +1,7 @@
 """FSDP for real on two CPU processes (gloo).
 
 Lightning refuses its FSDP strategy on CPUs, so this runs what that strategy runs with our
-settings (tests/fsdp_worker.py: the module as root unit, one unit per Block, FULL_SHARD,
+settings (tests/train/fsdp_worker.py: the module as root unit, one unit per Block, FULL_SHARD,
 use_orig_params) under torchrun, and compares it with single-process training on whole batches:
 sharding must not change the math. It also checks the sampling callback's parameter gathering.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(not torch.distributed.is_available() or
@@ -29,7 +29,7 @@ def test_two_rank_fsdp_training_equals_single_process(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
          "--master-addr", "127.0.0.1", "--master-port", str(port),
-         str(ROOT / "tests" / "fsdp_worker.py"), str(tmp_path)],
+         str(ROOT / "tests" / "train" / "fsdp_worker.py"), str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=180,
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]

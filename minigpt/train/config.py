@@ -1,0 +1,81 @@
+"""Checks of the composed training config, all at once, before any work starts."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from minigpt.model import GPTConfig
+
+MODEL_EXTRA_KEYS = ("name", "init_from")  # model/*.yaml keys that are not GPTConfig fields
+
+
+class ConfigError(ValueError):
+    """A bad config value, found before any work starts; the message names each one."""
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Every user-facing value that can be wrong, checked at once before training."""
+    problems = []
+    o, t = cfg.optim, cfg.trainer
+    for key in ("lr", "min_lr", "weight_decay", "eps", "grad_clip"):
+        value = o.get(key)
+        if value is not None and (not isinstance(value, (int, float)) or value < 0):
+            problems.append(f"optim.{key}={value!r} must be a number >= 0")
+    if cfg.get("cpu_speedups", "auto") not in ("auto", False):
+        problems.append(f"cpu_speedups={cfg.get('cpu_speedups')!r} must be auto or false")
+    threads = cfg.get("threads")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        problems.append(f"threads={threads!r} must be null or a positive integer")
+    if isinstance(o.get("lr"), (int, float)) and o.lr == 0:
+        problems.append("optim.lr=0 would not train; use a positive learning rate")
+    if isinstance(o.get("min_lr"), (int, float)) and isinstance(o.get("lr"), (int, float)) \
+            and o.lr > 0 and o.min_lr > o.lr:
+        problems.append(f"optim.min_lr={o.min_lr} must not exceed optim.lr={o.lr}")
+    for key in ("beta1", "beta2"):
+        if not 0 <= o.get(key, 0.9) < 1:
+            problems.append(f"optim.{key}={o.get(key)} must be in [0, 1)")
+    for key in ("warmup_steps", "decay_steps"):
+        if not isinstance(o.get(key), int) or o.get(key) < 0:
+            problems.append(f"optim.{key}={o.get(key)!r} must be an integer >= 0")
+    if not isinstance(t.get("max_steps"), int) or t.max_steps < 1:
+        problems.append(f"trainer.max_steps={t.get('max_steps')!r} must be a positive integer")
+    accumulate = t.get("accumulate_grad_batches", 1)
+    if not isinstance(accumulate, int) or accumulate < 1:
+        problems.append(f"trainer.accumulate_grad_batches={accumulate!r} must be a positive integer")
+    for key in ("batch_size", "num_workers", "val_tokens"):
+        value, low = cfg.data.get(key), 0 if key == "num_workers" else 1
+        if value is not None and (not isinstance(value, int) or value < low):
+            problems.append(f"data.{key}={value!r} must be an integer >= {low}")
+    problems += _device_problems(t)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    try:
+        gpt_config(model, model.get("vocab_size") or 64)  # any valid size: the real one comes from the data
+    except ValueError as e:
+        problems.append(f"model: {e}")
+    if problems:
+        raise ConfigError("bad config: " + "; ".join(problems))
+
+
+def _device_problems(t: DictConfig) -> list[str]:
+    accelerator, devices = t.get("accelerator", "auto"), t.get("devices", "auto")
+    if devices in ("auto", -1, "-1", None) or isinstance(devices, str):
+        return []
+    count = len(devices) if OmegaConf.is_list(devices) else devices
+    if not isinstance(count, int) or count < 1:
+        return [f"trainer.devices={devices!r} must be a positive integer, a list of ids, or auto"]
+    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+        have, what = torch.cuda.device_count(), "GPU(s)"
+    else:
+        have, what = os.cpu_count() or 1, "CPU core(s) (one process each)"
+    if count > have:
+        return [f"trainer.devices={devices} but this machine has {have} {what}"]
+    return []
+
+
+def gpt_config(model_cfg: dict, vocab_size: int) -> GPTConfig:
+    fields = {k: v for k, v in model_cfg.items() if k not in MODEL_EXTRA_KEYS}
+    fields["vocab_size"] = vocab_size
+    return GPTConfig.from_dict(fields)

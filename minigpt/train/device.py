@@ -1,0 +1,68 @@
+"""Which device a run trains on, in which precision, and the device's peak FLOP/s for MFU."""
+
+from __future__ import annotations
+
+import torch
+
+# Dense bf16/fp16 tensor-core peaks (FLOP/s) of common GPUs, from their vendors' data sheets,
+# matched by substring of the device name, most specific first. MFU is only reported when the
+# device is found here (or the user sets ``peak_flops``), since a wrong peak is worse than none.
+GPU_PEAK_FLOPS = (
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("A100", 312e12),
+    ("A10G", 70e12),
+    ("A10", 125e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("RTX 4090", 165e12),
+    ("RTX 3090", 71e12),
+    ("A6000", 155e12),
+    ("V100", 125e12),
+    ("T4", 65e12),
+)
+
+
+def resolve_accelerator(accelerator: str | None) -> str:
+    """``cpu`` or ``gpu`` for Lightning's ``auto`` (what Lightning itself picks); other names
+    (``mps``, ``tpu``...) as given."""
+    if accelerator in (None, "auto"):
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    return "gpu" if accelerator == "cuda" else accelerator
+
+
+def cpu_has_native_bf16() -> bool:
+    """AMX or AVX512-BF16: the CPU multiplies bfloat16 in hardware."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+        if "amx_bf16" in flags or "avx512_bf16" in flags:
+            return True
+    except OSError:
+        pass
+    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool((check and check()) or (amx and amx()))
+
+
+def default_precision(accelerator: str) -> str:
+    """Lightning precision for a device: ``bf16-mixed`` where the hardware multiplies bf16
+    natively (CUDA with bf16 support; CPUs with AMX or AVX512-BF16), ``16-mixed`` (with a grad
+    scaler) on older GPUs, ``32-true`` elsewhere."""
+    accelerator = resolve_accelerator(accelerator)
+    if accelerator == "gpu":
+        if not torch.cuda.is_available():
+            return "32-true"
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    if accelerator == "cpu":
+        return "bf16-mixed" if cpu_has_native_bf16() else "32-true"
+    return "32-true"
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Dense half-precision peak of a known GPU, else None (MFU is then not logged)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in GPU_PEAK_FLOPS if key in name), None)
