@@ -22,6 +22,7 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
     (prompt + continuation, without the end-of-text token)."""
     import torch
 
+    from minigpt.checkpoint import load_model
     from minigpt.sampling import generate, validate_sampling
 
     validate_sampling(cfg.temperature, cfg.top_k, cfg.top_p)  # fail before loading anything
@@ -29,7 +30,7 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
     prompt = _read_prompt(cfg)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" \
         else cfg.device
-    model, tokenizer, source = _load(cfg)
+    model, tokenizer, source = load_model(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root)
     ctx, num_params = model.config.context_length, model.num_params()
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ValueError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens but the "
@@ -118,21 +119,6 @@ def _read_prompt(cfg: DictConfig) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def _load(cfg: DictConfig):
-    """(model, tokenizer, description) from ``pretrained``, ``ckpt_path`` or the newest run."""
-    from minigpt.checkpoint import find_latest_checkpoint, load_checkpoint
-    from minigpt.tokenizer import get_tokenizer
-
-    if cfg.pretrained is not None:
-        from minigpt.model import GPT
-
-        return GPT.from_pretrained(cfg.pretrained).eval(), get_tokenizer("gpt2"), cfg.pretrained
-    path = cfg.ckpt_path if cfg.ckpt_path is not None else \
-        find_latest_checkpoint(cfg.checkpoints_root)
-    model, tokenizer, _ = load_checkpoint(path)
-    return model, tokenizer, str(path)
-
-
 class _StreamPrinter:
     """``on_token`` callback for one sample: print each token's text as soon as it is complete
     (a BPE token can end inside a multi-byte character; its text waits for the next one)."""
@@ -167,7 +153,7 @@ def _info(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-@hydra.main(config_path="configs", config_name="generate", version_base=None)
+@hydra.main(config_path="configs", config_name="generate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from minigpt.checkpoint import CheckpointError
     from minigpt.tokenizer import TokenizerUnavailableError

@@ -192,12 +192,8 @@ class MultiHeadAttention(nn.Module):
                 f"x must have shape (batch, tokens, d_in={self.d_in}), got {tuple(x.shape)}"
             )
         B, T, _ = x.shape
-        seen = T + (kv_cache.length if kv_cache is not None else 0)
-        if seen > self.context_length:
-            raise ValueError(
-                f"{seen} tokens exceed context_length={self.context_length}; "
-                "crop the input to the last context_length tokens"
-            )
+        check_context_fits(T + (kv_cache.length if kv_cache is not None else 0),
+                           self.context_length)
         if key_padding_mask is not None:
             if key_padding_mask.shape != (B, T):
                 raise ValueError(
@@ -208,6 +204,13 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(
                     f"key_padding_mask must be bool (True = padding), got {key_padding_mask.dtype}"
                 )
+
+
+def check_context_fits(tokens: int, context_length: int) -> None:
+    """Refuse more tokens than the model was built to see, naming the fix."""
+    if tokens > context_length:
+        raise ValueError(f"{tokens} tokens exceed context_length={context_length}; "
+                         "crop the input to the last context_length tokens")
 
 
 def _attention_mask(

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from minigpt.errors import first_line
+
 FORMAT_VERSION = 1
 METADATA_KEY = "minigpt"
 MODEL_PREFIX = "model."
@@ -51,9 +53,7 @@ def load_checkpoint(path, map_location="cpu"):
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # pickle and zip errors come in many types
-        reason = (str(e).splitlines() or [""])[0][:200]
-        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: "
-                              f"{reason})") from None
+        raise CheckpointError(f"{path} is not a readable checkpoint ({first_line(e)})") from None
     meta = checkpoint.get(METADATA_KEY) if isinstance(checkpoint, dict) else None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path} is not a minigpt checkpoint (no {METADATA_KEY!r} metadata; "
@@ -90,3 +90,20 @@ def find_latest_checkpoint(root="outputs") -> Path:
             + "; train one with `python train.py` or pass ckpt_path=... or pretrained=..."
         )
     return candidates[-1]
+
+
+def load_model(ckpt_path=None, pretrained=None, checkpoints_root="outputs"):
+    """``(model, tokenizer, source)`` for the sampling and viz entry points, in eval mode:
+    a Hugging Face GPT-2 directory (``pretrained``, GPT-2's tokenizer), a training checkpoint
+    (``ckpt_path``), or else the newest ``last.ckpt`` under ``checkpoints_root``."""
+    if ckpt_path is not None and pretrained is not None:
+        raise ValueError("give ckpt_path or pretrained, not both")
+    if pretrained is not None:
+        from minigpt.model import GPT
+        from minigpt.tokenizer import get_tokenizer
+
+        return GPT.from_pretrained(str(pretrained)).eval(), get_tokenizer("gpt2"), str(pretrained)
+    path = ckpt_path if ckpt_path is not None else find_latest_checkpoint(checkpoints_root)
+    model, tokenizer, _ = load_checkpoint(path)
+    return model, tokenizer, str(path)
+

@@ -1,4 +1,9 @@
-"""Hugging Face GPT-2 checkpoints in and out: ``GPT.from_pretrained`` / ``GPT.save_pretrained``.
+"""Hugging Face GPT-2 checkpoints in and out, as plain config dicts and state dicts.
+
+``read_gpt2`` / ``write_gpt2`` convert between a Hugging Face GPT-2 directory and
+``minigpt.model.GPT``'s config fields and state dict; ``GPT.from_pretrained`` and
+``GPT.save_pretrained`` are the entry points that build or read the model. This module imports
+nothing from ``minigpt.model`` (the model imports it), so the two never form an import circle.
 
 A checkpoint is a directory with ``config.json`` (a ``GPT2Config``) and ``model.safetensors``
 (preferred) or ``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``: tensors only,
@@ -17,13 +22,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from minigpt.model import GPT, GPTConfig
+from minigpt.errors import first_line
+from minigpt.files import atomic_write
 
 HUB_GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
 _HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name
@@ -57,23 +62,21 @@ _TOP_KEYS = {
 # --------------------------------------------------------------------------------------- loading
 
 
-def load_hf_gpt2(name_or_path: str | os.PathLike, **config_overrides) -> GPT:
-    """Build a ``GPT`` from a Hugging Face GPT-2 directory or hub name (``gpt2``, ``org/name``).
+def read_gpt2(name_or_path: str | os.PathLike,
+              **config_overrides) -> tuple[dict, dict[str, Tensor]]:
+    """``(GPTConfig fields, float32 state dict in GPT's layout)`` of a Hugging Face GPT-2
+    directory or hub name (``gpt2``, ``org/name``).
 
     ``config_overrides`` may set ``dropout`` (default 0.0: pretrained GPT-2 used 0.1, pass it to
     fine-tune that way), ``context_length`` (at most the checkpoint's; position embeddings are
-    cropped) and ``init_std``; other ``GPTConfig`` fields must match the checkpoint.
-    Returns a float32 model in eval mode.
+    cropped) and ``init_std``; other fields must match the checkpoint.
     """
     directory = _resolve(name_or_path)
     hf_config = json.loads((directory / "config.json").read_text())
     config = _config_from_hf(hf_config, config_overrides, where=directory / "config.json")
-    state = _hf_to_ours(_read_weights(directory), config, directory)
-    with torch.device("meta"):  # no init work: every tensor is replaced by a loaded one
-        model = GPT(config)
-    model.load_state_dict(state, strict=True, assign=True)
-    model.lm_head.weight = model.tok_emb.weight  # assign=True replaced the tied Parameter
-    return model.eval()
+    state = _hf_to_ours(_read_weights(directory), config["n_layer"], config["context_length"],
+                        directory)
+    return config, state
 
 
 def _resolve(name_or_path: str | os.PathLike) -> Path:
@@ -109,8 +112,8 @@ def _download(repo_id: str) -> Path:
             if _weight_files(directory):
                 return directory
     except Exception as error:  # any hub, HTTP or disk failure: one actionable line, no trace
-        reason = "offline: HF_HUB_OFFLINE is set and it is not in the local cache" if offline else (
-            f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        reason = "offline: HF_HUB_OFFLINE is set and it is not in the local cache" if offline \
+            else first_line(error)
         raise OSError(
             f"could not download {repo_id!r} from the Hugging Face Hub ({reason}); it is not a "
             "local directory either: pass a directory with config.json and model.safetensors"
@@ -118,7 +121,7 @@ def _download(repo_id: str) -> Path:
     raise FileNotFoundError(f"hub repo {repo_id!r} has no model.safetensors or pytorch_model.bin")
 
 
-def _config_from_hf(hf: dict, overrides: dict, where: Path) -> GPTConfig:
+def _config_from_hf(hf: dict, overrides: dict, where: Path) -> dict:
     """Map a GPT2Config dict to ours, refusing variants our model does not compute."""
     problems = []
     if hf.get("model_type", "gpt2") != "gpt2":
@@ -147,16 +150,17 @@ def _config_from_hf(hf: dict, overrides: dict, where: Path) -> GPTConfig:
                   bias=True, qkv_bias=True, layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
                   init_std=hf.get("initializer_range", 0.02))
     for key, value in overrides.items():
-        if key not in values:
-            GPTConfig.from_dict({**values, key: value})  # raises naming the unknown field
-        elif key == "context_length" and isinstance(value, int) and value > values[key]:
+        if key not in values:  # values holds every GPTConfig field
+            raise ValueError(f"GPTConfig: unknown field(s) [{key!r}]; valid fields are "
+                             f"{sorted(values)}")
+        if key == "context_length" and isinstance(value, int) and value > values[key]:
             raise ValueError(f"context_length={value} exceeds the checkpoint's n_positions="
                              f"{values[key]}; the position embeddings stop there")
         elif key not in _FREE_OVERRIDES and value != values[key]:
             raise ValueError(f"{key}={value!r} contradicts the checkpoint ({key}={values[key]!r} "
                              f"in {where}); only {', '.join(_FREE_OVERRIDES)} can be changed")
         values[key] = value
-    return GPTConfig(**values)
+    return values
 
 
 def _weight_files(directory: Path) -> list[Path]:
@@ -187,7 +191,8 @@ def _read_weights(directory: Path) -> dict[str, Tensor]:
     return state
 
 
-def _hf_to_ours(hf_state: dict[str, Tensor], config: GPTConfig, where: Path) -> dict[str, Tensor]:
+def _hf_to_ours(hf_state: dict[str, Tensor], n_layer: int, context_length: int,
+                where: Path) -> dict[str, Tensor]:
     """Rename and transpose a GPT-2 state dict into ``GPT``'s, checking nothing is left over."""
     hf_state = {k.removeprefix("transformer."): v for k, v in hf_state.items()}
     lm_head = hf_state.pop("lm_head.weight", None)
@@ -204,25 +209,25 @@ def _hf_to_ours(hf_state: dict[str, Tensor], config: GPTConfig, where: Path) -> 
             ours[_TOP_KEYS[key]] = value
         else:
             unexpected.append(key)
-    expected = _expected_keys(config)
+    expected = _expected_keys(n_layer)
     missing = sorted(expected - set(ours))
     unexpected += sorted(set(ours) - expected)
     if missing or unexpected:
         raise ValueError(f"{where}: weights do not match config.json "
-                         f"(n_layer={config.n_layer}): missing {missing[:5]}, "
+                         f"(n_layer={n_layer}): missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
     if lm_head is not None and not torch.equal(lm_head, ours["tok_emb.weight"]):
         raise ValueError(f"{where}: lm_head.weight differs from the token embedding; only tied "
                          "GPT-2 checkpoints are supported")
-    ours["pos_emb.weight"] = ours["pos_emb.weight"][: config.context_length]  # maybe cropped
+    ours["pos_emb.weight"] = ours["pos_emb.weight"][:context_length]  # maybe cropped
     ours = {k: v.to(torch.float32).contiguous() for k, v in ours.items()}
     ours["lm_head.weight"] = ours["tok_emb.weight"]
     return ours
 
 
-def _expected_keys(config: GPTConfig) -> set[str]:
+def _expected_keys(n_layer: int) -> set[str]:
     keys = set(_TOP_KEYS.values())
-    for i in range(config.n_layer):
+    for i in range(n_layer):
         keys.update(f"blocks.{i}.{name}" for name, _ in _BLOCK_KEYS.values())
     return keys
 
@@ -230,8 +235,9 @@ def _expected_keys(config: GPTConfig) -> set[str]:
 # --------------------------------------------------------------------------------------- saving
 
 
-def save_hf_gpt2(model: GPT, path: str | os.PathLike) -> None:
-    """Write ``model`` as a Hugging Face GPT-2 directory: ``config.json`` + ``model.safetensors``.
+def write_gpt2(path: str | os.PathLike, config: dict, state: dict[str, Tensor]) -> None:
+    """Write a ``GPT``'s config fields and state dict as a Hugging Face GPT-2 directory:
+    ``config.json`` + ``model.safetensors``.
 
     ``transformers.GPT2LMHeadModel.from_pretrained(path)`` loads it with the same logits. GPT-2
     always has biases; a model built with ``bias=False`` or ``qkv_bias=False`` is saved with zero
@@ -240,20 +246,17 @@ def save_hf_gpt2(model: GPT, path: str | os.PathLike) -> None:
     """
     from safetensors.torch import save_file
 
-    config = model.config
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = _ours_to_hf(model)
-    _atomic_write(directory / "model.safetensors",
-                  lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    tensors = _ours_to_hf(state, config["n_embd"], config["n_layer"])
+    atomic_write(directory / "model.safetensors",
+                 lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     hf_config = _hf_config(config, next(iter(tensors.values())).dtype)
-    _atomic_write(directory / "config.json",
-                  lambda tmp: Path(tmp).write_text(json.dumps(hf_config, indent=2) + "\n"))
+    atomic_write(directory / "config.json",
+                 lambda tmp: tmp.write_text(json.dumps(hf_config, indent=2) + "\n"))
 
 
-def _ours_to_hf(model: GPT) -> dict[str, Tensor]:
-    state = model.state_dict()
-    C, n_layer = model.config.n_embd, model.config.n_layer
+def _ours_to_hf(state: dict[str, Tensor], C: int, n_layer: int) -> dict[str, Tensor]:
     hf: dict[str, Tensor] = {}
     for hf_key, key in _TOP_KEYS.items():
         hf[f"transformer.{hf_key}"] = state.get(key)
@@ -274,24 +277,24 @@ def _ours_to_hf(model: GPT) -> dict[str, Tensor]:
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in hf.items()}
 
 
-def _hf_config(config: GPTConfig, dtype: torch.dtype) -> dict:
-    gpt2_vocab = config.vocab_size > 50256  # GPT-2's <|endoftext|> id exists
+def _hf_config(config: dict, dtype: torch.dtype) -> dict:
+    gpt2_vocab = config["vocab_size"] > 50256  # GPT-2's <|endoftext|> id exists
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
         "activation_function": "gelu_new",
-        "vocab_size": config.vocab_size,
-        "n_positions": config.context_length,
-        "n_ctx": config.context_length,
-        "n_embd": config.n_embd,
-        "n_layer": config.n_layer,
-        "n_head": config.n_head,
+        "vocab_size": config["vocab_size"],
+        "n_positions": config["context_length"],
+        "n_ctx": config["context_length"],
+        "n_embd": config["n_embd"],
+        "n_layer": config["n_layer"],
+        "n_head": config["n_head"],
         "n_inner": None,
-        "layer_norm_epsilon": config.layer_norm_eps,
-        "initializer_range": config.init_std,
-        "attn_pdrop": config.dropout,
-        "embd_pdrop": config.dropout,
-        "resid_pdrop": config.dropout,
+        "layer_norm_epsilon": config["layer_norm_eps"],
+        "initializer_range": config["init_std"],
+        "attn_pdrop": config["dropout"],
+        "embd_pdrop": config["dropout"],
+        "resid_pdrop": config["dropout"],
         "scale_attn_weights": True,
         "scale_attn_by_inverse_layer_idx": False,
         "reorder_and_upcast_attn": False,
@@ -302,15 +305,3 @@ def _hf_config(config: GPTConfig, dtype: torch.dtype) -> dict:
         "eos_token_id": 50256 if gpt2_vocab else None,
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
-
-
-def _atomic_write(target: Path, write) -> None:
-    """Call ``write(tmp_path)`` on a temporary file beside ``target``, then rename it over."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

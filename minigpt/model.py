@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minigpt.attention import KVCache, MultiHeadAttention
+from minigpt import hf
+from minigpt.attention import KVCache, MultiHeadAttention, check_context_fits
 
 
 @dataclass
@@ -200,11 +201,7 @@ class GPT(nn.Module):
         T = idx.shape[1]
         offset = kv_caches[0].length if kv_caches else 0
         if position_ids is None:
-            if offset + T > self.config.context_length:
-                raise ValueError(
-                    f"{offset + T} tokens exceed context_length={self.config.context_length}; "
-                    "crop the input to the last context_length tokens"
-                )
+            check_context_fits(offset + T, self.config.context_length)
             position_ids = torch.arange(offset, offset + T, device=idx.device)[None]  # (1, T)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(position_ids))  # (B, T, C)
         for i, block in enumerate(self.blocks):
@@ -239,20 +236,24 @@ class GPT(nn.Module):
         T = seq_len or c.context_length
         return 6 * self.num_params(include_position=False) + 12 * c.n_layer * T * c.n_embd
 
-    # Interop and sampling live in their own modules (minigpt.hf, minigpt.sampling); these thin
-    # methods give users the familiar entry points without model.py importing them eagerly.
+    # Interop and sampling live in their own modules (minigpt.hf, minigpt.sampling), which never
+    # import this one; these thin methods are the entry points nanoGPT and transformers users
+    # reach for.
     @classmethod
     def from_pretrained(cls, name_or_path: str, **config_overrides) -> GPT:
-        """Load a Hugging Face GPT-2 checkpoint directory (or hub name, e.g. ``gpt2``)."""
-        from minigpt.hf import load_hf_gpt2
-
-        return load_hf_gpt2(name_or_path, **config_overrides)
+        """A float32 model in eval mode from a Hugging Face GPT-2 checkpoint directory (or hub
+        name, e.g. ``gpt2``). ``config_overrides``: ``dropout``, a shorter ``context_length``,
+        ``init_std`` (see ``minigpt.hf.read_gpt2``)."""
+        fields, state = hf.read_gpt2(name_or_path, **config_overrides)
+        with torch.device("meta"):  # no init work: every tensor is replaced by a loaded one
+            model = cls(GPTConfig.from_dict(fields))
+        model.load_state_dict(state, strict=True, assign=True)
+        model.lm_head.weight = model.tok_emb.weight  # assign=True replaced the tied Parameter
+        return model.eval()
 
     def save_pretrained(self, path: str) -> None:
         """Write a Hugging Face GPT-2 directory (``config.json`` + ``model.safetensors``)."""
-        from minigpt.hf import save_hf_gpt2
-
-        save_hf_gpt2(self, path)
+        hf.write_gpt2(path, self.config.to_dict(), self.state_dict())
 
     @torch.no_grad()
     def generate(

@@ -18,6 +18,8 @@ from functools import cache, partial
 
 import numpy as np
 
+from minigpt.errors import first_line
+
 TIKTOKEN_ENCODINGS = ("gpt2", "r50k_base", "p50k_base", "cl100k_base", "o200k_base")
 EOT_TEXT = "<|endoftext|>"
 
@@ -62,11 +64,9 @@ def _load_encoding(name: str):
     try:
         return tiktoken.get_encoding(name)
     except Exception as e:  # tiktoken raises network, hash and I/O errors from deep inside
-        reason = (str(e).splitlines() or [""])[0]
-        reason = reason if len(reason) <= 120 else reason[:117] + "..."
         cache = os.environ.get("TIKTOKEN_CACHE_DIR", "unset")
         raise TokenizerUnavailableError(
-            f"cannot load the tiktoken encoding {name!r} ({type(e).__name__}: {reason}); it is "
+            f"cannot load the tiktoken encoding {name!r} ({first_line(e, 120)}); it is "
             f"downloaded once and cached: offline, set TIKTOKEN_CACHE_DIR to a folder holding the "
             f"cached files (now: {cache}) or use the character tokenizer with data=shakespeare_char"
         ) from None

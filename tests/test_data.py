@@ -462,7 +462,7 @@ def test_cli_prepares_without_littering(tmp_path):
 def test_cli_default_is_shakespeare_char_config():
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose(config_name="prepare")
         assert cfg.data.name == "shakespeare_char" and cfg.data_root == "data"
         for name in ("shakespeare", "shakespeare_char", "openwebtext", "fineweb_edu", "local_files"):

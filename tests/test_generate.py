@@ -56,7 +56,7 @@ def char_ckpt(tmp_path):
 
 
 def config(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         return compose("generate", overrides=list(overrides))
 
 
@@ -306,7 +306,7 @@ def test_train_then_generate(tmp_path, monkeypatch):
         "trainer.precision=32-true", "logger=none", "sample.max_new_tokens=0",
         f"data_root={tmp_path / 'data'}",
     ]
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         train_cfg = compose("train", overrides=overrides)
     prepare_dataset(train_cfg.data, tmp_path / "data", progress=False)
     summary = train(train_cfg, run_dir=tmp_path / "outputs" / "run")

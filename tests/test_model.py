@@ -193,6 +193,12 @@ def test_core_imports_no_framework_and_no_speedups():
     assert out.stdout.strip() == "[]"
 
 
+def test_hf_conversion_does_not_import_the_model_back():
+    code = "import sys, minigpt.hf\nprint('minigpt.model' in sys.modules)\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_core_layers_are_plain_torch():
     model = tiny()
     assert type(model.blocks[0].attn.qkv) is torch.nn.Linear

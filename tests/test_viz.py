@@ -414,12 +414,12 @@ def test_attention_cli_on_a_real_checkpoint(real_runs, tmp_path, capsys):
 
     out = tmp_path / "heads.png"
     ckpt = real_runs["csv"]["last"]
-    assert main(["attention", "--ckpt", ckpt, "--prompt", "ROMEO:\nO, she doth teach",
+    assert main(["attention", "--ckpt-path", ckpt, "--prompt", "ROMEO:\nO, she doth teach",
                  "--layer", "1", "--out", str(out)]) == 0
     assert "24 tokens, 2 layers, 2 heads" in capsys.readouterr().out  # characters
     with Image.open(out) as image:
         assert image.size == tuple(round(v * 100) for v in figure_layout(2, 24)[2:])
-    assert main(["attention", "--ckpt", ckpt, "--prompt", "x" * 33, "--out", str(out)]) == 2
+    assert main(["attention", "--ckpt-path", ckpt, "--prompt", "x" * 33, "--out", str(out)]) == 2
     assert "the prompt is 33 tokens; the model sees at most context_length=32" in (
         capsys.readouterr().err)
 
@@ -430,5 +430,5 @@ def test_attention_cli_without_a_checkpoint_says_where_it_looked(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     assert main(["attention", "--out", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err
-    assert "looked for last.ckpt under" in err and "--ckpt PATH or --pretrained DIR" in err
+    assert "looked for last.ckpt under" in err and "--ckpt-path PATH or --pretrained DIR" in err
     assert not (tmp_path / "x.png").exists()

@@ -13,7 +13,7 @@ from minigpt.data.prepare import prepare_dataset
 from minigpt.tokenizer import TokenizerUnavailableError
 
 
-@hydra.main(version_base=None, config_path="../../configs", config_name="prepare")
+@hydra.main(config_path="../../configs", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
         meta = prepare_dataset(cfg.data, cfg.data_root)

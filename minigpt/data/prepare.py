@@ -34,6 +34,7 @@ import numpy as np
 
 from minigpt.data.config import DataConfig, DataError
 from minigpt.data.sources import document_transform, load_source, source_identity, text_column
+from minigpt.files import atomic_write
 from minigpt.tokenizer import CharTokenizer, Tokenizer, get_tokenizer, tokenizer_from_dict
 
 log = logging.getLogger(__name__)
@@ -377,13 +378,7 @@ def _reusable(directory: Path, fp: str) -> dict | None:
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2) + "\n"))
 
 
 def prepare_dataset(data_cfg: Any, data_root: str | os.PathLike = "data", *, progress: bool = True) -> dict:

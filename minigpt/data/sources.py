@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from minigpt.data.config import DataConfig, DataError
+from minigpt.errors import first_line
 
 # file extension -> datasets builder name
 _BUILDERS = {".txt": "text", ".md": "text", ".text": "text", ".json": "json", ".jsonl": "json",
@@ -99,7 +100,7 @@ def load_source(cfg: DataConfig):
                                        cache_dir=cfg.cache_dir, **kwargs)
         except Exception as e:  # pyarrow/json parse errors arrive wrapped several levels deep
             raise DataError(f"cannot read {files[0] if len(files) == 1 else f'{len(files)} files'} as "
-                            f"{builder}: {_first_line(e)}") from None
+                            f"{builder}: {first_line(e, root_cause=True)}") from None
     else:
         try:
             ds = datasets.load_dataset(cfg.hub_name, cfg.hub_config, data_files=cfg.data_files,
@@ -107,7 +108,7 @@ def load_source(cfg: DataConfig):
                                        cache_dir=cfg.cache_dir)
         except Exception as e:
             raise DataError(f"cannot load dataset {cfg.hub_name!r} (config {cfg.hub_config!r}, split "
-                            f"{cfg.split!r}): {_first_line(e)}; hub datasets need network access, or "
+                            f"{cfg.split!r}): {first_line(e, root_cause=True)}; hub datasets need network access, or "
                             f"HF_DATASETS_OFFLINE=1 with a filled cache") from None
     if cfg.max_documents is not None:
         if isinstance(ds, datasets.IterableDataset):
@@ -148,10 +149,3 @@ def _is_plain_text(cfg: DataConfig) -> bool:
     if cfg.source != "files":
         return False
     return _builder(cfg, expand_paths(cfg.paths)) == "text"
-
-
-def _first_line(e: BaseException) -> str:
-    while e.__cause__ is not None or e.__context__ is not None:  # the root cause says the most
-        e = e.__cause__ or e.__context__
-    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    return f"{type(e).__name__}: {line if len(line) <= 200 else line[:197] + '...'}"

@@ -16,11 +16,12 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
+from minigpt.files import atomic_write
 from minigpt.sampling import generate
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes ``path.tmp`` next to the target, fsyncs, then ``os.replace``s it into place.
+    """Writes a temporary file next to the target, fsyncs, then renames it into place.
 
     Lightning's own writer goes through an fsspec transaction whose temporary file lives in the
     system temp dir; when that is another filesystem the final move is a copy into the target, so
@@ -31,15 +32,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        atomic_write(path, lambda tmp: torch.save(checkpoint, tmp))
 
 
 class CheckpointOnInterrupt(L.Callback):

@@ -1,6 +1,6 @@
 """``python -m minigpt.viz``: attention maps of a model, and plots of training runs.
 
-    python -m minigpt.viz attention --ckpt outputs/.../checkpoints/last.ckpt --prompt "..." \\
+    python -m minigpt.viz attention --ckpt-path outputs/.../checkpoints/last.ckpt --prompt "..." \\
         --layer 0 --out heads.png
     python -m minigpt.viz attention --pretrained path/to/gpt2 --prompt "..." --layer all
     python -m minigpt.viz runs outputs/RUN_A outputs/RUN_B --out runs.png
@@ -53,24 +53,24 @@ def runs(args) -> int:
 
 
 def _load_model(args):
-    """(model, tokenizer, description) from --pretrained, --ckpt, or the newest checkpoint."""
-    if args.pretrained:
-        from minigpt.model import GPT
-        from minigpt.tokenizer import get_tokenizer
+    """(model, tokenizer, description) from --pretrained, --ckpt-path, or the newest checkpoint,
+    with the decoding speedups on the CPU (the maps and decoding agree within float32 rounding)."""
+    from minigpt.checkpoint import load_model
 
-        return GPT.from_pretrained(args.pretrained), get_tokenizer("gpt2"), args.pretrained
-    from minigpt.checkpoint import find_latest_checkpoint, load_checkpoint
+    try:
+        model, tokenizer, source = load_model(args.ckpt_path, args.pretrained)
+    except FileNotFoundError as e:  # its hint names generate.py's options; name ours
+        if args.ckpt_path or args.pretrained:
+            raise
+        where = str(e).split(";")[0]
+        raise FileNotFoundError(f"{where}; train one with `python train.py`, or pass "
+                                "--ckpt-path PATH or --pretrained DIR") from None
+    if args.cpu_speedups != "false":
+        from minigpt.cpu import speed_up_decoding
 
-    path = args.ckpt
-    if path is None:
-        try:
-            path = find_latest_checkpoint()
-        except FileNotFoundError as e:  # its hint names generate.py's options; name ours
-            where = str(e).split(";")[0]
-            raise FileNotFoundError(f"{where}; train one with `python train.py`, or pass "
-                                    "--ckpt PATH or --pretrained DIR") from None
-    model, tokenizer, _ = load_checkpoint(path)
-    return model, tokenizer, Path(path).name if args.ckpt else str(path)
+        applied = speed_up_decoding(model)
+        print(f"cpu speedups: {', '.join(applied) or 'none apply'}", file=sys.stderr)
+    return model, tokenizer, Path(source).name if args.ckpt_path else source
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -81,7 +81,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("attention", help="heatmaps of a model's attention weights for a prompt")
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--ckpt", help="a training checkpoint (default: the newest under outputs/)")
+    source.add_argument("--ckpt-path",
+                        help="a training checkpoint (default: the newest under outputs/)")
     source.add_argument("--pretrained", help="a Hugging Face GPT-2 directory")
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", default=DEFAULT_PROMPT,
@@ -91,6 +92,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="a layer index: one heatmap per head; or 'all': one per layer, mean of "
                         "heads (default: 0)")
     p.add_argument("--out", default="attention.png", help="PNG to write (default: attention.png)")
+    p.add_argument("--cpu-speedups", choices=("auto", "false"), default="auto",
+                   help="on the CPU, oneDNN-packed linear weights (minigpt.cpu; default: auto)")
     p.set_defaults(command=attention)
 
     p = sub.add_parser("runs", help="loss, learning rate and tokens/s of one or more runs")
