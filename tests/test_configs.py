@@ -121,6 +121,7 @@ def test_wandb_logger_builds_without_network(tmp_path, monkeypatch):
     loggers = build_loggers(compose_train("logger=wandb").logger, tmp_path, {"a": 1})
     try:
         assert [type(lg).__name__ for lg in loggers] == ["WandbLogger"]
+        assert "anonymous" not in loggers[0]._wandb_init  # wandb warns about it, to no avail
     finally:
         # The run is process-global in wandb: left open, later wandb.init() calls in this
         # process return it (disabled, writing nothing) instead of starting their own.

@@ -46,6 +46,10 @@ def build_loggers(logger_cfg: DictConfig, run_dir: Path, config: dict) -> list:
             save_dir=str(run_dir), mode=mode,
             settings=wandb.Settings(init_timeout=60, console="off"),
         )
+        # Lightning always passes wandb.init(anonymous=None), and recent wandb versions warn
+        # that the (deprecated) setting has no effect whenever it is passed at all: a warning
+        # the user cannot act on. Not passing it changes nothing else.
+        getattr(wandb_logger, "_wandb_init", {}).pop("anonymous", None)
         if rank_zero_only.rank == 0:
             run = wandb_logger.experiment  # start now, so a failure shows before training
             run.config.update(config, allow_val_change=True)

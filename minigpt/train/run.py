@@ -152,6 +152,13 @@ def quiet_warnings() -> None:
     warnings.filterwarnings("ignore", message=r".*sync_dist=True.. when logging on epoch level")
     # The model summary's size estimate assumes float32 weights; under bf16-mixed they are.
     warnings.filterwarnings("ignore", message=r".*is not supported by the model summary")
+    # Lightning advertises its cloud logger on every run; an advertisement is not a diagnostic.
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_drop_lightning_tips)
+
+
+def _drop_lightning_tips(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("💡 Tip:")
 
 
 def _standard_callbacks(cfg: DictConfig, tokenizer: Tokenizer, run_dir: Path) -> list:

@@ -309,6 +309,20 @@ def test_fsdp_two_cpu_processes(tmp_path, data_root):
         sum(float(p.double().sum()) for p in model.parameters()), rel=1e-9)
 
 
+def test_lightning_tips_are_dropped_and_our_messages_kept(caplog):
+    import logging
+
+    from lightning.pytorch.utilities import rank_zero_info
+
+    from minigpt.train.run import quiet_warnings
+
+    quiet_warnings()
+    with caplog.at_level(logging.INFO):
+        rank_zero_info("💡 Tip: For seamless cloud logging, try installing something")
+        rank_zero_info("cpu speedups: none apply")
+    assert [r.getMessage() for r in caplog.records] == ["cpu speedups: none apply"]
+
+
 def test_run_id_is_shared_by_the_ranks_of_a_launch(monkeypatch):
     from minigpt.train.run import run_id
 
