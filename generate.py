@@ -43,17 +43,7 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
             raise ValueError("attention_map needs a prompt: give prompt=... or prompt_file=...")
         _info(write_attention_map(model, tokenizer, ids[-ctx:], cfg.attention_map,
                                   cfg.attention_layer, source))
-    model.to(device)
-    dtype = getattr(torch, cfg.dtype)
-    applied = []
-    if cfg.cpu_speedups is not False and dtype in (torch.float32, torch.bfloat16):
-        from minigpt.cpu import speed_up_decoding
-
-        # CPU: weights in oneDNN's layout (and dtype), activations stay float32
-        applied = speed_up_decoding(model, weight_dtype=dtype)
-    if not applied:
-        model.to(dtype)
-
+    applied = _place(model, device, getattr(torch, cfg.dtype), cfg.cpu_speedups)
     start = ids or [tokenizer.eot_id]  # an empty prompt starts a new document
     if len(start) > ctx:
         _info(f"prompt has {len(start)} tokens but the model sees at most context_length={ctx}: "
@@ -75,17 +65,39 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
                       top_k=cfg.top_k, top_p=cfg.top_p, eos_id=eos_id, generator=generator,
                       on_token=printer, vocab_size=tokenizer.vocab_size, crop_to=cfg.crop_to)
 
-    samples = []
-    for row in tokens[:, len(start):].tolist():
-        if eos_id is not None and eos_id in row:
-            row = row[:row.index(eos_id)]
-        samples.append(prompt + tokenizer.decode(row))
+    samples = [prompt + text for text in _decode_rows(tokenizer, tokens[:, len(start):], eos_id)]
     if printer is not None:
         printer.finish()
     else:
         out.write(SEPARATOR.join(samples) + "\n")
     out.flush()
     return samples
+
+
+def _place(model, device: str, dtype, cpu_speedups) -> list[str]:
+    """Move ``model`` to ``device`` in ``dtype``; on the CPU (``cpu_speedups=auto``) pack its
+    linear weights in that dtype instead, activations staying float32. What was applied."""
+    import torch
+
+    model.to(device)
+    applied = []
+    if cpu_speedups is not False and dtype in (torch.float32, torch.bfloat16):
+        from minigpt.cpu import speed_up_decoding
+
+        applied = speed_up_decoding(model, weight_dtype=dtype)
+    if not applied:
+        model.to(dtype)
+    return applied
+
+
+def _decode_rows(tokenizer, tokens, eos_id: int | None) -> list[str]:
+    """Each row's text, up to (not including) its first ``eos_id``."""
+    texts = []
+    for row in tokens.tolist():
+        if eos_id is not None and eos_id in row:
+            row = row[:row.index(eos_id)]
+        texts.append(tokenizer.decode(row))
+    return texts
 
 
 def _check_options(cfg: DictConfig) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -174,55 +175,68 @@ def generate(
     if T - ctx > min(pad_counts):
         warnings.warn(f"prompt is longer than context_length={ctx}; conditioning on its last "
                       f"{ctx} tokens", stacklevel=2)
-    padded = any(s != starts[0] for s in starts)
-
     if max_new_tokens == 0:
         return idx.clone()
     out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
     out[:, :T] = idx
-    finished = torch.zeros(B, dtype=torch.bool, device=idx.device) if eos_id is not None else None
-    caches = None
+    sample = partial(sample_next, temperature=temperature, top_k=top_k, top_p=top_p,
+                     generator=generator)
     was_training = model.training
     model.eval()
     try:
-        if use_cache:
-            caches = model.new_kv_caches(B, ctx)
-            logits = _forward_window(model, out, T, starts, padded, caches)
-        N = T  # tokens so far: out[:, :N]
-        for _ in range(max_new_tokens):
-            if not use_cache:
-                logits = _forward_window(model, out, N, starts, padded, None)
-            logits = logits[:, -1, :vocab_size]  # (B, V)
-            token = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
-            if finished is not None:
-                token = token.masked_fill(finished, eos_id)
-                finished |= token == eos_id
-            out[:, N] = token
-            N += 1
-            if on_token is not None:
-                on_token(token)
-            if N == T + max_new_tokens or (finished is not None and bool(finished.all())):
-                break
-            cropped = False
-            for row, start in enumerate(starts):
-                if N - start > ctx:  # the new token does not fit in this row's window
-                    starts[row] = N - keep
-                    cropped = True
-            if cropped:
-                padded = any(s != starts[0] for s in starts)
-            if use_cache:
-                if cropped:  # positions shifted: recompute the cropped window once
-                    for cache in caches:
-                        cache.reset()
-                    logits = _forward_window(model, out, N, starts, padded, caches)
-                else:
-                    position_ids = None
-                    if padded:
-                        position_ids = (N - 1 - torch.tensor(starts, device=out.device))[:, None]
-                    logits = model(out[:, N - 1:N], position_ids=position_ids, kv_caches=caches)
+        N = _decode(model, out, T, starts, keep, sample, eos_id=eos_id, use_cache=use_cache,
+                    on_token=on_token, vocab_size=vocab_size)
         return out[:, :N]
     finally:
         model.train(was_training)
+
+
+def _decode(model, out: Tensor, T: int, starts: list[int], keep: int, sample, *, eos_id,
+            use_cache: bool, on_token, vocab_size) -> int:
+    """Fill ``out[:, T:]`` one sampled token per step; return the number of columns filled
+    (fewer than ``out``'s when every row has produced ``eos_id``)."""
+    B, total = out.shape
+    ctx = model.config.context_length
+    padded = any(s != starts[0] for s in starts)
+    finished = torch.zeros(B, dtype=torch.bool, device=out.device) if eos_id is not None else None
+    caches = model.new_kv_caches(B, ctx) if use_cache else None
+    N = T  # tokens so far: out[:, :N]
+    logits = _forward_window(model, out, N, starts, padded, caches) if use_cache else None
+    while True:
+        if not use_cache:
+            logits = _forward_window(model, out, N, starts, padded, None)
+        token = sample(logits[:, -1, :vocab_size])  # (B,)
+        if finished is not None:
+            token = token.masked_fill(finished, eos_id)
+            finished |= token == eos_id
+        out[:, N] = token
+        N += 1
+        if on_token is not None:
+            on_token(token)
+        if N == total or (finished is not None and bool(finished.all())):
+            return N
+        if _crop_windows(starts, N, ctx, keep):
+            padded = any(s != starts[0] for s in starts)
+            if use_cache:  # positions shifted: recompute the cropped window once
+                for cache in caches:
+                    cache.reset()
+                logits = _forward_window(model, out, N, starts, padded, caches)
+        elif use_cache:
+            position_ids = None
+            if padded:
+                position_ids = (N - 1 - torch.tensor(starts, device=out.device))[:, None]
+            logits = model(out[:, N - 1:N], position_ids=position_ids, kv_caches=caches)
+
+
+def _crop_windows(starts: list[int], N: int, ctx: int, keep: int) -> bool:
+    """Move the start of every row whose window no longer fits ``ctx`` tokens to ``N - keep``,
+    in place; return whether any row moved."""
+    cropped = False
+    for row, start in enumerate(starts):
+        if N - start > ctx:  # the new token does not fit in this row's window
+            starts[row] = N - keep
+            cropped = True
+    return cropped
 
 
 def _forward_window(model, out: Tensor, N: int, starts: list[int], padded: bool, caches):
