@@ -26,6 +26,8 @@ from minigpt.data import (
 from minigpt.data import prepare as prep
 from minigpt.data.datamodule import val_window_starts, window_starts
 from minigpt.data.shakespeare import play_to_text, read_plays
+from minigpt.data.tokenize import split_long
+from minigpt.data.tokens import dtype_for
 from minigpt.tokenizer import CharTokenizer, TokenizerUnavailableError, get_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,14 +109,14 @@ def test_all_plays_are_read_as_plain_text(plays):
 def test_long_documents_split_without_changing_tokens(plays):
     tok = gpt2_or_skip()
     text = dict(plays)["tragedies/hamlet.md"][:60_000] + "x.\n/y  \n  z\n\nEnd"
-    pieces = prep.split_long(text, max_chars=2_000)
+    pieces = split_long(text, max_chars=2_000)
     assert len(pieces) > 20 and "".join(pieces) == text
     assert np.concatenate(tok.encode_batch(pieces, num_threads=2)).tolist() == tok.encode(text)
 
 
 def test_dtype_choice():
-    assert prep.dtype_for(50257) == np.uint16 and prep.dtype_for(65536) == np.uint16
-    assert prep.dtype_for(65537) == np.uint32 and prep.dtype_for(100277) == np.uint32
+    assert dtype_for(50257) == np.uint16 and dtype_for(65536) == np.uint16
+    assert dtype_for(65537) == np.uint32 and dtype_for(100277) == np.uint32
 
 
 # ---- preparation: exact streams, idempotence, re-preparation ----------------------------------

@@ -5,13 +5,13 @@ Importing this package does no work; ``TokenDataModule`` (and with it Lightning)
 """
 
 from minigpt.data.config import DataConfig, DataError
-from minigpt.data.prepare import (
+from minigpt.data.prepare import prepare_dataset
+from minigpt.data.tokens import (
     check_vocab_fits,
     dataset_dir,
     dtype_for,
     load_meta,
     open_tokens,
-    prepare_dataset,
 )
 
 __all__ = ["DataConfig", "DataError", "TokenDataModule", "check_vocab_fits", "dataset_dir",

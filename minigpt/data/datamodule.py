@@ -26,7 +26,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from minigpt.data.config import DataConfig, DataError
-from minigpt.data.prepare import fingerprint, fingerprint_inputs, load_meta, prepare_dataset
+from minigpt.data.prepare import fingerprint, fingerprint_inputs, prepare_dataset
+from minigpt.data.tokens import load_meta
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
 
 

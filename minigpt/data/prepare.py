@@ -1,6 +1,6 @@
 """Preparation: documents -> tokens -> ``<data_root>/<name>/{train.bin, val.bin, meta.json}``.
 
-File layout (nanoGPT's, so tools that read it work): each ``.bin`` is the flat token stream of its
+File layout (nanoGPT's, so tools that read it work; ``minigpt.data.tokens`` reads it back): each ``.bin`` is the flat token stream of its
 split, native-endian ``uint16`` (``uint32`` when the vocabulary has more than 65536 ids), no header,
 an end-of-text token after every document. ``meta.json`` holds the tokenizer (``to_dict()``), the
 dtype, the token counts and a fingerprint of the sources and settings.
@@ -22,11 +22,9 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,25 +32,14 @@ import numpy as np
 
 from minigpt.data.config import DataConfig, DataError
 from minigpt.data.sources import document_transform, load_source, source_identity, text_column
+from minigpt.data.tokenize import Tokenize, text_of
+from minigpt.data.tokens import FORMAT_VERSION, SPLITS, dtype_for, load_meta
 from minigpt.files import atomic_write
-from minigpt.tokenizer import CharTokenizer, Tokenizer, get_tokenizer, tokenizer_from_dict
+from minigpt.tokenizer import CharTokenizer, Tokenizer, get_tokenizer
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-SPLITS = ("train", "val")
 MAP_BATCH_SIZE = 1000  # documents per datasets.map batch
-CHUNK_CHARS = 1 << 20  # documents longer than this are encoded in pieces (threads, memory)
-_GOLDEN = 0.6180339887498949
-
-
-def dtype_for(vocab_size: int) -> np.dtype:
-    """uint16 when every id fits (vocab_size <= 65536), else uint32."""
-    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
-
-
-def dataset_dir(data_cfg: Any, data_root: str | os.PathLike = "data") -> Path:
-    return Path(data_root) / DataConfig.from_any(data_cfg).name
 
 
 def fingerprint_inputs(cfg: DataConfig) -> dict:
@@ -66,151 +53,6 @@ def fingerprint(inputs: dict) -> str:
     return hashlib.sha256(blob).hexdigest()[:20]
 
 
-# ---------------------------------------------------------------------------------------------
-# reading back
-
-
-def load_meta(directory: str | os.PathLike) -> dict:
-    """``meta.json`` of a prepared dataset, after checking the ``.bin`` files agree with it."""
-    directory = Path(directory)
-    path = directory / "meta.json"
-    if not path.is_file():
-        raise DataError(f"no prepared data in {directory} (meta.json is missing): run "
-                        f"python -m minigpt.data data={directory.name}")
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path} is unreadable ({e}); delete {directory} and prepare it again") from None
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{path} has format_version {meta.get('format_version')}, this minigpt reads "
-                        f"{FORMAT_VERSION}; prepare it again: python -m minigpt.data data={directory.name}")
-    itemsize = np.dtype(meta["dtype"]).itemsize
-    for split in SPLITS:
-        bin_path = directory / f"{split}.bin"
-        expected = meta[f"{split}_tokens"] * itemsize
-        actual = bin_path.stat().st_size if bin_path.is_file() else None
-        if actual != expected:
-            found = "is missing" if actual is None else f"has {actual} bytes"
-            raise DataError(
-                f"{bin_path} {found} but meta.json records {meta[f'{split}_tokens']} {meta['dtype']} "
-                f"tokens ({expected} bytes): the file is truncated or changed; prepare it again with "
-                f"python -m minigpt.data data={meta.get('name', directory.name)}"
-            )
-    return meta
-
-
-def open_tokens(directory: str | os.PathLike, split: str, meta: dict | None = None) -> np.memmap:
-    """A read-only memory map of one split's token stream."""
-    meta = meta or load_meta(directory)
-    return np.memmap(Path(directory) / f"{split}.bin", dtype=np.dtype(meta["dtype"]), mode="r",
-                     shape=(meta[f"{split}_tokens"],))
-
-
-def check_vocab_fits(meta: dict, vocab_size: int) -> None:
-    """Raise ``ValueError`` unless a model with ``vocab_size`` embeddings covers the data's tokenizer."""
-    needed = max(meta["vocab_size"], meta.get("max_token_id", -1) + 1)
-    if vocab_size < needed:
-        raise ValueError(
-            f"data {meta.get('name')!r} uses token ids up to {needed - 1} (tokenizer "
-            f"{meta['tokenizer']['name']!r} has {meta['vocab_size']} ids) but the model's "
-            f"vocab_size={vocab_size}; set model.vocab_size >= {needed} or leave it unset"
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# tokenization
-
-
-_SAFE_BREAK = re.compile(r"(?<=\S\n)(?=[^\s/])")
-
-
-def split_long(text: str, max_chars: int = CHUNK_CHARS) -> list[str]:
-    """Cut a long text into pieces of about ``max_chars`` that encode to the same tokens as the whole.
-
-    The cuts fall after a newline that has a non-space on both sides (and no ``/`` after it): every
-    tiktoken pre-tokenizer regex (gpt2, cl100k, o200k) ends a piece there, so BPE never spans it.
-    """
-    pieces, start = [], 0
-    while len(text) - start > max_chars:
-        m = _SAFE_BREAK.search(text, start + max_chars)
-        if m is None:
-            break
-        pieces.append(text[start:m.start()])
-        start = m.start()
-    pieces.append(text[start:])
-    return pieces
-
-
-def _text(value: Any, column: str) -> str:
-    """A document's text; a missing value (None) is an empty document."""
-    if value is None or isinstance(value, str):
-        return value or ""
-    raise DataError(f"field {column!r} holds {type(value).__name__} values, not text; set "
-                    f"data.text_field to the field holding the text")
-
-
-def _is_val_document(index: int, val_fraction: float) -> bool:
-    # A golden-ratio (Weyl) sequence: deterministic, and even a few documents split close to the
-    # requested fraction.
-    return ((index + 1) * _GOLDEN) % 1.0 < val_fraction
-
-
-class Tokenize:
-    """The ``datasets.map`` function: a batch of documents -> their ``train`` and ``val`` tokens.
-
-    ``val_split="tail"`` sends the last ``val_fraction`` of every document's tokens to val;
-    ``"document"`` sends whole documents (chosen by index). Each non-empty part ends with eot.
-    """
-
-    def __init__(self, tokenizer: dict, column: str, val_fraction: float, val_split: str,
-                 dtype: str, num_threads: int = 1, transform: Callable[[str], str] | None = None):
-        self.tokenizer, self.column, self.transform = tokenizer, column, transform
-        self.val_fraction, self.val_split = val_fraction, val_split
-        self.dtype, self.num_threads = np.dtype(dtype), num_threads
-        self._tok: Tokenizer | None = None
-
-    def __getstate__(self):  # ship the dict to datasets' worker processes, not the built tokenizer
-        return {**self.__dict__, "_tok": None}
-
-    def _encode(self, texts: list[str]) -> list[np.ndarray]:
-        tok = self._tok
-        if isinstance(tok, CharTokenizer) or self.transform is not None:
-            # with a transform, documents are encoded whole (Shakespeare's plays are < 0.2 MB)
-            return tok.encode_batch(texts, self.num_threads, transform=self.transform)
-        pieces = [split_long(t) for t in texts]
-        flat = tok.encode_batch([p for ps in pieces for p in ps], self.num_threads)
-        if len(flat) == len(texts):
-            return flat
-        out, i = [], 0
-        for ps in pieces:
-            out.append(np.concatenate(flat[i:i + len(ps)]))
-            i += len(ps)
-        return out
-
-    def __call__(self, batch: dict, indices: list[int]) -> dict:
-        if self._tok is None:
-            self._tok = tokenizer_from_dict(self.tokenizer)
-        ids = self._encode([_text(t, self.column) for t in batch[self.column]])
-        empty = np.empty(0, self.dtype)
-        eot = np.array([self._tok.eot_id], self.dtype)
-        train, val = [], []
-        for index, doc in zip(indices, ids, strict=True):
-            if len(doc) == 0:
-                train.append(empty)
-                val.append(empty)
-            elif self.val_split == "document":
-                part = np.concatenate([doc, eot]).astype(self.dtype)
-                to_val = _is_val_document(index, self.val_fraction)
-                train.append(empty if to_val else part)
-                val.append(part if to_val else empty)
-            else:
-                n_val = int(len(doc) * self.val_fraction)
-                cut = len(doc) - n_val
-                train.append(np.concatenate([doc[:cut], eot]).astype(self.dtype))
-                val.append(np.concatenate([doc[cut:], eot]).astype(self.dtype) if n_val else empty)
-        return {"train": train, "val": val}
-
-
 def _char_tokenizer(cfg: DataConfig, ds, column: str, transform) -> CharTokenizer:
     import datasets
 
@@ -220,7 +62,7 @@ def _char_tokenizer(cfg: DataConfig, ds, column: str, transform) -> CharTokenize
     seen: set[str] = set()
     for table in ds.select_columns([column]).with_format("arrow").iter(batch_size=MAP_BATCH_SIZE):
         for value in table.column(column).to_pylist():
-            text = _text(value, column)
+            text = text_of(value, column)
             seen.update(transform(text) if transform else text)
     if not seen:
         raise DataError(f"data {cfg.name!r}: the corpus is empty (no characters in {_where(cfg)})")
