@@ -113,9 +113,9 @@ class TiktokenTokenizer(Tokenizer):
         return list(self._pool.map(partial(self._encode_in_worker, transform=transform), texts))
 
     def _encode_in_worker(self, text: str, transform: Callable[[str], str] | None) -> np.ndarray:
-        # Measured here: tiktoken's core runs ~30% slower in threads other than the one that first
-        # used an Encoding (its regex caches favour that thread). So each long-lived worker thread
-        # builds its own copy (~30 ms, once) and is the first and only thread to use it.
+        # tiktoken's core runs slower in threads other than the one that first used an Encoding
+        # (its regex caches favour that thread; bench/prepare.py shows it). So each long-lived
+        # worker thread builds its own copy, once, and is the first and only thread to use it.
         enc = getattr(self._local, "enc", None)
         if enc is None:
             import tiktoken

@@ -1,9 +1,10 @@
 """Preparation: documents -> tokens -> ``<data_root>/<name>/{train.bin, val.bin, meta.json}``.
 
-File layout (nanoGPT's, so tools that read it work; ``minigpt.data.tokens`` reads it back): each ``.bin`` is the flat token stream of its
-split, native-endian ``uint16`` (``uint32`` when the vocabulary has more than 65536 ids), no header,
-an end-of-text token after every document. ``meta.json`` holds the tokenizer (``to_dict()``), the
-dtype, the token counts and a fingerprint of the sources and settings.
+File layout (nanoGPT's, so tools that read it work; ``minigpt.data.tokens`` reads it back): each
+``.bin`` is the flat token stream of its split, native-endian ``uint16`` (``uint32`` when the
+vocabulary has more than 65536 ids), no header, an end-of-text token after every document.
+``meta.json`` holds the tokenizer (``to_dict()``), the dtype, the token counts and a fingerprint
+of the sources and settings.
 
 Guarantees:
 - idempotent: same fingerprint and intact files -> the existing files are reused (no ``datasets``
