@@ -39,7 +39,8 @@ def test_estimate_scales_as_it_should():
     two = estimate_training_memory(GPT2_SMALL, 2)
     assert two.activations == pytest.approx(2 * one.activations, rel=0.01)
     assert two.weights == one.weights and two.optimizer == 2 * one.weights  # AdamW: 2 moments
-    assert estimate_training_memory(GPT2_SMALL, 2, chunked_loss=True).loss < two.loss / 3
+    eight = estimate_training_memory(GPT2_SMALL, 8)  # the chunks do not grow with the batch
+    assert estimate_training_memory(GPT2_SMALL, 8, chunked_loss=True).loss < eight.loss / 8
     sharded = estimate_training_memory(GPT2_SMALL, 2, shards=8)
     assert sharded.optimizer == pytest.approx(two.optimizer / 8, rel=1e-6)
     recomputed = estimate_training_memory(GPT2_SMALL, 2, activation_checkpointing=True)
