@@ -57,7 +57,8 @@ def check_resume_matches(resume: ResumePoint, model_config: dict, tokenizer: dic
     if problems:
         raise ConfigError(
             f"ckpt_path={resume.path} does not match this run: {'; '.join(problems)}. To resume, "
-            "drop the overrides that changed it; to train a new model from its weights, start a "
+            "use the settings it was trained with (drop the overrides that changed them; its run "
+            "directory's config.yaml lists them); to train a new model from its weights, start a "
             f"new run with model.init_from={resume.path}")
 
 
