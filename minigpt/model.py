@@ -90,18 +90,6 @@ class GPTConfig:
         """Key/value heads per layer (``n_head`` unless grouped)."""
         return self.n_head if self.num_kv_heads is None else self.num_kv_heads
 
-    @property
-    def is_gpt2(self) -> bool:
-        """The GPT-2 block: what Hugging Face's GPT-2 format can hold."""
-        return not self.gpt2_differences()
-
-    def gpt2_differences(self) -> list[str]:
-        """The variant fields that differ from GPT-2's block, as ``name=value``."""
-        return [f"{name}={value!r}" for name, value, gpt2 in (
-            ("num_kv_heads", self.num_kv_heads, (None, self.n_head)),
-            ("position", self.position, ("learned",)), ("window", self.window, (None,)))
-            if value not in gpt2]
-
     @classmethod
     def from_dict(cls, values: dict) -> GPTConfig:
         """Build from a mapping (a Hydra section, a checkpoint), naming unknown keys."""
