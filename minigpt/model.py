@@ -72,7 +72,7 @@ class GPTConfig:
         return problems
 
     def _variant_problems(self) -> list[str]:
-        problems = [check_window(self.window)]
+        problems = []
         if self.num_kv_heads is not None:
             problems.append(check_kv_heads(self.num_kv_heads, self.n_head))
         if self.position not in POSITIONS:
@@ -83,6 +83,7 @@ class GPTConfig:
         theta = self.rope_theta
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
             problems.append(f"rope_theta={theta!r} must be a positive number")
+        problems.append(check_window(self.window))
         return [p for p in problems if p]
 
     @property
