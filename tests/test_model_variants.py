@@ -227,3 +227,18 @@ def test_generate_py_runs_a_rope_window_checkpoint_past_its_context(tmp_path):
     samples = run_generate_py(f"ckpt_path={path}", "prompt=hear", "max_new_tokens=50",
                               "temperature=0", "stop_at_eot=false")
     assert len(samples[0]) == len("hear") + 50  # 54 characters from a 16-token context
+
+
+def test_attention_maps_show_the_window_band():
+    from minigpt.viz import attention_maps
+
+    model = tiny("rope_window")
+    ids = torch.randint(0, 61, (1, 12), generator=torch.Generator().manual_seed(3))
+    pad = torch.zeros(1, 3, dtype=torch.long)
+    mask = torch.tensor([[True] * 3 + [False] * 12])
+    positions = (torch.arange(15) - 3).clamp(min=0)[None]
+    alone = attention_maps(model, ids)
+    padded = attention_maps(model, torch.cat([pad, ids], 1), mask, positions)
+    for a, p in zip(alone, padded, strict=True):
+        assert (a.tril(-5) == 0).all() and (a.triu(1) == 0).all()  # causal, 5 keys at most
+        torch.testing.assert_close(p[..., 3:, 3:], a, rtol=1e-5, atol=1e-6)
