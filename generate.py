@@ -167,13 +167,13 @@ def _info(message: str) -> None:
 
 @hydra.main(config_path="configs", config_name="generate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from minigpt.checkpoint import CheckpointError
-    from minigpt.tokenizer import TokenizerUnavailableError
+    from minigpt.errors import one_line_errors
 
     try:
-        run(cfg)
-    except (CheckpointError, OSError, TokenizerUnavailableError, ValueError) as e:
-        sys.exit(f"error: {e}")  # one clear line, no traceback: the input was wrong
+        # Bad input: one line and exit status 2. Sampling options and hub downloads report as
+        # ValueError / OSError; other exceptions are bugs and keep their traceback.
+        with one_line_errors(ValueError, OSError):
+            run(cfg)
     except KeyboardInterrupt:
         sys.exit(130)
 

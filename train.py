@@ -2,8 +2,6 @@
 
 A thin Hydra entry point; the work is ``minigpt.train.run.run``."""
 
-import sys
-
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
@@ -15,15 +13,11 @@ OmegaConf.register_new_resolver("run_id", run_id, use_cache=True)
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from minigpt.checkpoint import CheckpointError
-    from minigpt.data import DataError
-    from minigpt.train.config import ConfigError
+    from minigpt.errors import one_line_errors
     from minigpt.train.run import run
 
-    try:
+    with one_line_errors():  # bad input: one line and exit status 2; bugs keep their traceback
         run(cfg)
-    except (ConfigError, DataError, CheckpointError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")  # one clear line, no traceback: the input was wrong
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minigpt.errors import first_line
+from minigpt.errors import UserError, first_line
 
 FORMAT_VERSION = 1
 METADATA_KEY = "minigpt"
@@ -30,30 +30,43 @@ def checkpoint_metadata(model_config: dict, tokenizer: dict) -> dict:
     }
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be read: missing, not minigpt's, or from another format version."""
 
 
-def load_checkpoint(path, map_location="cpu"):
-    """Rebuild ``(GPT, Tokenizer, metadata)`` from a training checkpoint, in eval mode.
+def read_checkpoint(path, map_location="cpu") -> dict:
+    """A training checkpoint's dict, checked to be one minigpt can rebuild a model from.
 
-    Reads with ``torch.load(weights_only=True)``: tensors and plain types only, never code.
-    Raises ``FileNotFoundError`` for a missing file and ``CheckpointError`` (one line each) for a
-    file that is not a minigpt checkpoint or has a ``format_version`` this code does not read.
+    Reads with ``torch.load(weights_only=True)``: tensors and plain types only, never code (and
+    memory-mapped, so checking a large file costs little). Raises ``FileNotFoundError`` for a
+    missing file and ``CheckpointError`` (one line each) for a file that is unreadable, not a
+    minigpt checkpoint, or has a ``format_version`` this code does not read. ``train.py``'s
+    resume and ``generate.py`` both read through here.
     """
-    import torch
+    import pickle
+    import zipfile
 
-    from minigpt.model import GPT, GPTConfig
-    from minigpt.tokenizer import tokenizer_from_dict
+    import torch
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}" + (" (a directory; name the .ckpt file)"
                                                               if path.is_dir() else ""))
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # pickle and zip errors come in many types
-        raise CheckpointError(f"{path} is not a readable checkpoint ({first_line(e)})") from None
+        # Memory-mapped where the format allows (torch.save's zip files): checking costs little.
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True,
+                                mmap=zipfile.is_zipfile(path))
+    except pickle.UnpicklingError as e:
+        # torch's message suggests weights_only=False: unsafe advice for a file from elsewhere.
+        if "Unsupported global" not in str(e):
+            raise CheckpointError(f"{path} is not a readable checkpoint (not a file torch.save "
+                                  "wrote); a damaged or foreign file reads like this") from None
+        raise CheckpointError(f"{path} holds Python objects besides tensors and plain values, so "
+                              "it was not written by minigpt's train.py; minigpt refuses to load "
+                              "it, since unpickling them could run code from the file") from None
+    except Exception as e:  # zip and I/O errors of a truncated or foreign file come in many types
+        raise CheckpointError(f"{path} is not a readable checkpoint ({first_line(e)}); a "
+                              "truncated or half-copied file reads like this") from None
     meta = checkpoint.get(METADATA_KEY) if isinstance(checkpoint, dict) else None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path} is not a minigpt checkpoint (no {METADATA_KEY!r} metadata; "
@@ -65,17 +78,38 @@ def load_checkpoint(path, map_location="cpu"):
             f"{meta.get('minigpt_version', '?')}); this minigpt reads format_version="
             f"{FORMAT_VERSION}"
         )
+    for key in ("model_config", "tokenizer"):
+        if not isinstance(meta.get(key), dict):
+            raise CheckpointError(f"{path} has minigpt metadata without its {key!r}")
     state = checkpoint.get("state_dict")
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path} has minigpt metadata but no 'state_dict'")
-    weights = {k[len(MODEL_PREFIX):]: v for k, v in state.items() if k.startswith(MODEL_PREFIX)}
-    if not weights:
+    if not isinstance(state, dict) or not any(k.startswith(MODEL_PREFIX) for k in state):
         raise CheckpointError(f"{path} has no model weights (no keys starting with "
                               f"{MODEL_PREFIX!r} in its state_dict)")
-    model = GPT(GPTConfig.from_dict(meta["model_config"]))
-    model.load_state_dict(weights)
-    model.eval()
-    return model, tokenizer_from_dict(meta["tokenizer"]), meta
+    return checkpoint
+
+
+def load_checkpoint(path, map_location="cpu"):
+    """Rebuild ``(GPT, Tokenizer, metadata)`` from a training checkpoint (``read_checkpoint``),
+    in eval mode."""
+    from minigpt.model import GPT, GPTConfig
+    from minigpt.tokenizer import tokenizer_from_dict
+
+    checkpoint = read_checkpoint(path, map_location)
+    meta, state = checkpoint[METADATA_KEY], checkpoint["state_dict"]
+    weights = {k[len(MODEL_PREFIX):]: v for k, v in state.items() if k.startswith(MODEL_PREFIX)}
+    try:
+        config = GPTConfig.from_dict(meta["model_config"])
+    except ValueError as e:
+        raise CheckpointError(f"{path} records a model config this minigpt cannot build: "
+                              f"{e}") from None
+    model = GPT(config)
+    try:
+        model.load_state_dict(weights)
+        tokenizer = tokenizer_from_dict(meta["tokenizer"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{path}: its weights or tokenizer do not match its recorded "
+                              f"config ({first_line(e)})") from None
+    return model.eval(), tokenizer, meta
 
 
 def find_latest_checkpoint(root="outputs") -> Path:

@@ -1,6 +1,10 @@
-"""Turning exceptions from deep inside libraries into one readable line."""
+"""User errors as one readable line: the error type entry points report without a traceback,
+and the first line of exceptions raised deep inside libraries."""
 
 from __future__ import annotations
+
+import contextlib
+import sys
 
 
 def first_line(error: BaseException, limit: int = 200, *, root_cause: bool = False) -> str:
@@ -13,3 +17,28 @@ def first_line(error: BaseException, limit: int = 200, *, root_cause: bool = Fal
     if len(line) > limit:
         line = line[: limit - 3] + "..."
     return f"{type(error).__name__}: {line}" if line else type(error).__name__
+
+
+class UserError(Exception):
+    """Bad input (a config value, data, a checkpoint, resources): its message is one line that
+    names the value and the fix. Entry points print it and exit with status 2 (``one_line_errors``);
+    any other exception is a bug and keeps its traceback."""
+
+
+class ResourceError(UserError):
+    """The machine cannot run what was asked (memory): the estimate, the limit and the knobs."""
+
+
+USER_ERROR_EXIT_CODE = 2
+
+
+@contextlib.contextmanager
+def one_line_errors(*also: type[BaseException]):
+    """For ``main()`` of a command-line entry point: a ``UserError`` or ``FileNotFoundError``
+    (or one of ``also``) becomes ``error: <message>`` on stderr and exit status 2."""
+    try:
+        yield
+    except (UserError, FileNotFoundError, *also) as e:
+        message = " ".join(str(e).split())  # one line, whatever the message held
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        raise SystemExit(USER_ERROR_EXIT_CODE) from None

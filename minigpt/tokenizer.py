@@ -18,13 +18,13 @@ from functools import cache, partial
 
 import numpy as np
 
-from minigpt.errors import first_line
+from minigpt.errors import UserError, first_line
 
 TIKTOKEN_ENCODINGS = ("gpt2", "r50k_base", "p50k_base", "cl100k_base", "o200k_base")
 EOT_TEXT = "<|endoftext|>"
 
 
-class TokenizerUnavailableError(RuntimeError):
+class TokenizerUnavailableError(UserError, RuntimeError):
     """A tiktoken encoding could not be loaded (typically offline, with no cached files)."""
 
 

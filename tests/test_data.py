@@ -456,7 +456,7 @@ def test_cli_prepares_without_littering(tmp_path):
 
     bad = run_cli("data=local_files", "data.paths=[missing.txt]", f"data_root={tmp_path / 'data'}",
                   cwd=work)
-    assert bad.returncode == 1
+    assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
         f"error: data.paths: no such file 'missing.txt' (cwd: {work})"]
 

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from minigpt.errors import UserError
 from minigpt.tokenizer import TIKTOKEN_ENCODINGS
 
 SOURCES = ("shakespeare", "files", "hub")
@@ -14,7 +15,7 @@ SAMPLE_BY = ("document", "line", "paragraph")
 VAL_SPLITS = ("tail", "document")
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Bad data input or configuration; the message is one line naming the value and the fix."""
 
 

@@ -7,12 +7,13 @@ import os
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from minigpt.errors import UserError
 from minigpt.model import GPTConfig
 
 MODEL_EXTRA_KEYS = ("name", "init_from")  # model/*.yaml keys that are not GPTConfig fields
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A bad config value, found before any work starts; the message names each one."""
 
 

@@ -41,11 +41,17 @@ from minigpt.train.callbacks import (
     StepProgressBar,
     gathered_parameters,
 )
-from minigpt.train.config import ConfigError, check_config
+from minigpt.train.config import ConfigError, check_config, gpt_config
 from minigpt.train.device import default_precision, resolve_accelerator
 from minigpt.train.lit import LitGPT
 from minigpt.train.loggers import build_loggers
 from minigpt.train.model_init import init_model, padded_vocab_size
+from minigpt.train.preflight import (
+    check_run_fits,
+    out_of_memory_as_resource_error,
+    vocab_before_data,
+)
+from minigpt.train.resume import ResumePoint, check_resume_matches, read_resume_point
 from minigpt.train.trainer import build_trainer
 
 log = logging.getLogger(__name__)
@@ -59,12 +65,18 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     quiet_warnings()
     run_dir = _run_dir(run_dir).resolve()
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), Path("outputs"))
+    resume = read_resume_point(ckpt_path, cfg.trainer.max_steps) if ckpt_path else None
+    preflight(cfg, resume)  # before the data is prepared: bad sizes fail in seconds
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
 
     setup = prepare(cfg)
+    model_config = setup.model.config.to_dict()
+    if resume is not None:
+        check_resume_matches(resume, model_config, setup.tokenizer.to_dict())
+    check_run_fits(cfg, model_config)  # again with the exact vocabulary and architecture
     apply_cpu_speedups(setup.model, cfg)
     # Same initial weights on every rank (above); from here each rank draws its own dropout masks.
     L.seed_everything(cfg.seed + rank_zero_only.rank, workers=True, verbose=False)
@@ -91,7 +103,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
         rank_zero_info(_describe(run_dir, setup, trainer, ckpt_path))
     try:
-        trainer.fit(lit, datamodule=setup.datamodule, ckpt_path=ckpt_path, weights_only=True)
+        with out_of_memory_as_resource_error(cfg):
+            trainer.fit(lit, datamodule=setup.datamodule, ckpt_path=ckpt_path, weights_only=True)
     except SIGTERMException:
         # Checkpoint already written by CheckpointOnInterrupt; exit like a killed process.
         raise SystemExit(130 if interrupt.signal_name == "Ctrl-C" else 143) from None
@@ -126,6 +139,22 @@ def prepare(cfg: DictConfig) -> Setup:
     datamodule = TokenDataModule(data_cfg, model.config.context_length, seed=cfg.seed,
                                  data_root=str(data_root))
     return Setup(data_cfg, meta, tokenizer, model, datamodule)
+
+
+def preflight(cfg: DictConfig, resume: ResumePoint | None) -> None:
+    """What can be checked from the config alone, before any heavy work: a resumed checkpoint's
+    model against the configured one, and whether a training step fits in memory. A model from
+    ``model.init_from`` is only known once built (``run`` checks it then)."""
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    if model_cfg.get("init_from"):
+        return
+    vocab = model_cfg.get("vocab_size") or padded_vocab_size(
+        resume.model_config["vocab_size"] if resume else vocab_before_data(cfg.data.tokenizer),
+        None)
+    model_config = gpt_config(model_cfg, vocab).to_dict()
+    if resume is not None:
+        check_resume_matches(resume, model_config, skip=("vocab_size",))
+    check_run_fits(cfg, model_config)
 
 
 def apply_cpu_speedups(model: GPT, cfg: DictConfig) -> list[str]:

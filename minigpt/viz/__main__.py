@@ -16,6 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
+
 DEFAULT_PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak."
 
 
@@ -23,9 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.command(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (UserError, ValueError, OSError) as e:  # bad input: one line, as every entry point
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return USER_ERROR_EXIT_CODE
 
 
 def attention(args) -> int:

@@ -1,0 +1,187 @@
+"""Will a training step fit in memory? Estimated from the config before any heavy work.
+
+``estimate_training_memory`` is pure arithmetic on the model config, micro-batch, precision and
+optimizer: weights, gradients, AdamW's two moments, the activations kept for backward, and the
+LM-head loss's logits (or its chunks). ``check_memory`` compares the estimate with what the
+device has and refuses with one line that gives both numbers and the knobs that shrink a step.
+``bench/memory.py`` measures real peaks against it (``bench/README.md`` has the errors).
+
+Shape letters: B micro-batch, T context, C n_embd, L n_layer, V vocabulary, P parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, fields
+
+from minigpt.errors import ResourceError, first_line
+
+GiB = 1 << 30
+# Activations each block keeps for backward, in elements per token and per unit of C: LayerNorm
+# inputs and outputs (4), q/k/v and the attention output (4), the output projection's input (1),
+# the MLP's input, hidden pre- and post-GELU (1 + 4 + 4) - a few more counting SDPA's saved
+# output. The scores are never stored (SDPA), so there is no T x T term.
+ACTIVATION_ELEMENTS_PER_C = 18
+# Rows of logits per chunk in minigpt.cpu.loss (its _CHUNK_ELEMENTS / V).
+LOSS_CHUNK_ELEMENTS = 1 << 25
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes one training step needs at its peak, by kind."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    loss: int
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{f.name} {getattr(self, f.name) / GiB:.2f}" for f in fields(self))
+        return f"{self.total / GiB:.2f} GiB ({parts})"
+
+
+def num_parameters(n_layer: int, n_embd: int, vocab_size: int, context_length: int,
+                   position: str = "learned") -> int:
+    """GPT-2's parameter count (biases included, LM head tied to the token embedding)."""
+    C = n_embd
+    per_block = 12 * C * C + 13 * C  # qkv, out_proj, fc, proj (+ biases), two LayerNorms
+    positions = context_length * C if position == "learned" else 0
+    return vocab_size * C + positions + n_layer * per_block + 2 * C
+
+
+def estimate_training_memory(model: dict, batch_size: int, *, precision: str = "32-true",
+                             chunked_loss: bool = False, shards: int = 1,
+                             activation_checkpointing: bool = False) -> MemoryEstimate:
+    """Peak bytes of one forward + backward + AdamW step of a ``GPTConfig`` (as a dict).
+
+    ``precision``: Lightning's name (``32-true``, ``bf16-mixed``, ``16-mixed``, ``bf16-true``).
+    ``shards``: processes that FSDP shards weights, gradients and optimizer state over.
+    ``chunked_loss``: the LM-head loss of ``minigpt.cpu`` (no full logits) instead of plain
+    cross-entropy on (B, T, V) logits."""
+    L, C, V, T = (model[k] for k in ("n_layer", "n_embd", "vocab_size", "context_length"))
+    P = num_parameters(L, C, V, T, model.get("position", "learned"))
+    mixed, half_weights = precision.endswith("-mixed"), precision.endswith("-true") and \
+        not precision.startswith("32") and not precision.startswith("64")
+    weight_bytes = 2 if half_weights else 4
+    act_bytes = 2 if (mixed or half_weights) else 4
+    tokens = batch_size * T
+    weights = P * weight_bytes // shards + (P * 2 if mixed else 0)  # + autocast's half copies
+    gradients = P * weight_bytes // shards
+    optimizer = 2 * P * weight_bytes // shards  # AdamW: first and second moments
+    per_layer = tokens * ACTIVATION_ELEMENTS_PER_C * C * act_bytes
+    if activation_checkpointing:  # each block's input, plus one block recomputed in backward
+        activations = L * tokens * C * act_bytes + per_layer
+    else:
+        activations = (L + 1) * per_layer  # + the gradient of one layer's worth in backward
+    activations += 4 * tokens * C * 4  # embeddings, final LayerNorm (float32), its gradient
+    loss = _loss_bytes(tokens, C, V, act_bytes, chunked_loss)
+    return MemoryEstimate(weights, gradients, optimizer, activations, loss)
+
+
+def _loss_bytes(tokens: int, C: int, V: int, act_bytes: int, chunked: bool) -> int:
+    if chunked:  # float32 logits and probabilities of one chunk, plus the (N, C), (V, C) grads
+        rows = min(tokens, max(1, LOSS_CHUNK_ELEMENTS // V))
+        return rows * V * (8 + act_bytes) + tokens * C * 4 + V * C * 4
+    # Logits in the compute dtype, their float32 copy, the saved log-softmax, the gradient (and
+    # its compute-dtype cast)
+    return tokens * V * (2 * act_bytes + 12)
+
+
+def check_memory(estimate: MemoryEstimate, available: int, where: str, knobs: dict) -> None:
+    """Refuse a step that will not fit: the estimate, the limit and the knobs (``{name: value}``
+    of the settings that shrink a step), in one line."""
+    if estimate.total <= available:
+        return
+    settings = ", ".join(f"{k}={v}" for k, v in knobs.items())
+    raise ResourceError(
+        f"a training step needs about {estimate.describe()} but {where} has "
+        f"{available / GiB:.2f} GiB available; make it smaller: lower {settings}, reach the same "
+        "batch with trainer.accumulate_grad_batches, shard the model over devices with "
+        "trainer=fsdp, or recompute activations with trainer.fsdp.activation_checkpointing=true")
+
+
+def available_memory(accelerator: str, processes_per_device: int = 1) -> tuple[int, str]:
+    """Bytes a training process may use and where: free GPU memory, or the host's available
+    RAM split over the processes sharing it."""
+    import torch
+
+    if accelerator == "gpu" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        return free, f"GPU {torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
+    available = _host_available()
+    return available // max(1, processes_per_device), "this machine's RAM" + (
+        f" (per process, {processes_per_device} processes)" if processes_per_device > 1 else "")
+
+
+def _host_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+# Vocabulary sizes of the tokenizers, known before the data is prepared (the char tokenizer's
+# is found while preparing; a few hundred at most for text in one script).
+_VOCAB_BEFORE_DATA = {"char": 256, "gpt2": 50257, "r50k_base": 50257, "p50k_base": 50281,
+                      "cl100k_base": 100277, "o200k_base": 200019}
+
+
+def vocab_before_data(tokenizer_name: str) -> int:
+    """A vocabulary size for a preflight before the data (and so the tokenizer) exists."""
+    return _VOCAB_BEFORE_DATA.get(tokenizer_name, 50257)
+
+
+def check_run_fits(cfg, model: dict) -> None:
+    """``check_memory`` for a composed train config and the model it builds (a GPTConfig dict),
+    on the device the run will use."""
+    from omegaconf import OmegaConf
+
+    from minigpt.train.device import default_precision, resolve_accelerator
+
+    t = cfg.trainer
+    accelerator = resolve_accelerator(t.get("accelerator", "auto"))
+    precision = str(t.get("precision") or default_precision(accelerator))
+    devices = t.get("devices", "auto")
+    count = len(devices) if OmegaConf.is_list(devices) else devices if isinstance(devices, int) \
+        else 1
+    fsdp = t.get("strategy") == "fsdp"
+    chunked = accelerator == "cpu" and cfg.get("cpu_speedups", "auto") is not False \
+        and not cfg.get("compile") and not precision.startswith("16")
+    estimate = estimate_training_memory(
+        model, cfg.data.batch_size, precision=precision, chunked_loss=chunked,
+        shards=count * t.get("num_nodes", 1) if fsdp else 1,
+        activation_checkpointing=bool(fsdp and (t.get("fsdp") or {}).get("activation_checkpointing")),
+    )
+    available, where = available_memory(accelerator, count if accelerator == "cpu" else 1)
+    check_memory(estimate, available, where, {
+        "data.batch_size": cfg.data.batch_size, "model.context_length": model["context_length"]})
+
+
+@contextlib.contextmanager
+def out_of_memory_as_resource_error(cfg):
+    """An out-of-memory error during training (a CUDA OOM, or the CPU allocator giving up)
+    becomes one line with the same advice as the preflight."""
+    import torch
+
+    try:
+        yield
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
+            raise
+        raise ResourceError(
+            f"out of memory during training ({first_line(e, 120)}); make a step smaller: lower "
+            f"data.batch_size={cfg.data.batch_size} or model.context_length="
+            f"{cfg.model.context_length}, reach the same batch with "
+            "trainer.accumulate_grad_batches, shard with trainer=fsdp, or recompute activations "
+            "with trainer.fsdp.activation_checkpointing=true") from None
