@@ -10,9 +10,9 @@ CSV or wandb log) or a sweep directory holding them (in the order they finished)
   the run named gpt2, else the first); the table says which runs miss it by more than
   ``--tolerance`` (0.05) and by how much;
 * training tokens/s: the median of the logged ``tokens_per_s`` over the second half of the run;
-* decode tokens/s: greedy decoding with the KV cache after a ``--cached``-token prompt (default
-  half the context), every run's model in this process, timed interleaved after a warm-up,
-  median of ``--repeats``; the prompt's forward pass is not counted;
+* decode tokens/s: greedy one-token steps with the KV cache after a ``--cached``-token prompt
+  (default half the context), every run's model in this process, timed round-robin after a
+  warm-up, median of ``--repeats``; the prompt's forward pass is not counted;
 * KV-cache bytes per cached token (float32) and the cache's size at the full context (a window
   bounds it);
 * peak memory of one float32 training step at the run's batch size and context, with the CPU
@@ -27,17 +27,16 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from attention_variants import time_decoding  # noqa: E402
 from peak_memory import in_subprocess, peak_extra_mib  # noqa: E402
 
 from minigpt.checkpoint import load_checkpoint  # noqa: E402
-from minigpt.sampling import generate  # noqa: E402
 from minigpt.viz.run_plots import TOKENS_PER_SEC, VAL_LOSS, load_run  # noqa: E402
 
 
@@ -99,24 +98,15 @@ def _batch_size(run_dir: Path) -> int:
 
 
 def decode_rates(models: dict, cached: int | None, new_tokens: int, repeats: int) -> dict:
-    """New tokens/s of cached greedy decoding per model, timed round-robin (median)."""
-    times: dict[str, list[float]] = {name: [] for name in models}
+    """New tokens/s of cached greedy decoding per model after a prompt of ``cached`` tokens
+    (default: half the context, leaving room for the new ones)."""
     prompts = {}
     for name, model in models.items():
         ctx = model.config.context_length
         P = max(1, min(cached or ctx // 2, ctx - new_tokens))
         prompts[name] = torch.randint(0, model.config.vocab_size, (1, P),
                                       generator=torch.Generator().manual_seed(0))
-    for i in range(repeats + 1):
-        for name, model in models.items():
-            start = time.perf_counter()
-            generate(model, prompts[name], 1, temperature=0)  # the prompt's pass + one token
-            prefill = time.perf_counter() - start
-            start = time.perf_counter()
-            generate(model, prompts[name], new_tokens, temperature=0)
-            if i:  # the first round warms up
-                times[name].append(time.perf_counter() - start - prefill)
-    return {name: (new_tokens - 1) / max(statistics.median(t), 1e-9) for name, t in times.items()}
+    return time_decoding(models, prompts, new_tokens, repeats)
 
 
 def train_step_peak_mib(ckpt: Path, batch_size: int) -> float:

@@ -88,26 +88,33 @@ def training_memory(variant: str, T: int) -> float:
 
 def decode_rates(layers: int, cached: int, new: int, repeats: int) -> dict[str, tuple]:
     """(new tokens/s, KV-cache bytes per token) per grouping, steps timed after the prefill."""
-    models, results = {}, {}
+    models = {}
     for name, kv in DECODE_VARIANTS.items():
         torch.manual_seed(0)
         models[name] = GPT(GPTConfig(vocab_size=50257, context_length=cached + new,
                                      n_layer=layers, num_kv_heads=kv)).eval()
     prompt = torch.randint(0, 50257, (1, cached), generator=torch.Generator().manual_seed(0))
+    rates = time_decoding(models, dict.fromkeys(models, prompt), new, repeats)
+    return {name: (rates[name], model.kv_cache_bytes_per_token())
+            for name, model in models.items()}
+
+
+def time_decoding(models: dict, prompts: dict, new: int, repeats: int) -> dict[str, float]:
+    """New tokens/s of greedy one-token steps after each model's prompt (B, P) went through its
+    KV cache (not timed); models stepped round-robin, the first round a warm-up, the median."""
     times: dict[str, list[float]] = {name: [] for name in models}
     with torch.inference_mode():
         for i in range(repeats + 1):
             for name, model in models.items():
-                caches = model.new_kv_caches(1)
-                token = model(prompt, kv_caches=caches, last_only=True).argmax(-1)  # (1, 1)
+                caches = model.new_kv_caches(prompts[name].shape[0])
+                logits = model(prompts[name], kv_caches=caches, last_only=True)
+                token = logits.argmax(-1)  # (B, 1)
                 start = clock()
                 for _ in range(new):
                     token = model(token, kv_caches=caches, last_only=True).argmax(-1)
-                if i:  # round 0 warms up
+                if i:
                     times[name].append(clock() - start)
-    for name, model in models.items():
-        results[name] = (new / statistics.median(times[name]), model.kv_cache_bytes_per_token())
-    return results
+    return {name: new / max(statistics.median(t), 1e-9) for name, t in times.items()}
 
 
 def long_generation_memory(variant: str, new_tokens: int) -> dict:
