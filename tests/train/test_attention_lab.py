@@ -54,3 +54,17 @@ def test_shrunk_multirun_and_its_table(tmp_path):
                         "rope_window": 2 * 2 * 2 * 16 * 4}
     assert "val/loss within 0.05 of gpt2:" in table
     assert png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("fields", [{}, {"num_kv_heads": 1}, {"num_kv_heads": 4},
+                                    {"position": "rope"}, {"position": "rope", "window": 16}])
+def test_memory_preflight_counts_each_variants_weights(fields):
+    import torch
+
+    from minigpt.model import GPT, GPTConfig
+    from minigpt.train.preflight import estimate_training_memory
+
+    config = dict(n_layer=2, n_head=12, n_embd=96, context_length=64, vocab_size=128, **fields)
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**config))
+    assert estimate_training_memory(config, 1).weights == 4 * model.num_params()
