@@ -69,7 +69,9 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         problems = _check_sizes(d_in, d_out, context_length, num_heads, dropout)
-        problems += _check_variants(d_out, num_heads, num_kv_heads, rope, rope_theta, window)
+        if not problems:  # the variants' checks need valid sizes
+            problems = _check_variants(d_out // num_heads, num_heads, num_kv_heads, rope,
+                                       rope_theta, window)
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -93,9 +95,10 @@ class MultiHeadAttention(nn.Module):
         return self.rope_theta is not None and self.window is not None
 
     def extra_repr(self) -> str:
-        variants = "".join(f", {name}={value}" for name, value in (
-            ("num_kv_heads", self.num_kv_heads), ("rope_theta", self.rope_theta),
-            ("window", self.window)) if value is not None and value != self.num_heads)
+        variants = "".join(f", {name}={value}" for name, value, default in (
+            ("num_kv_heads", self.num_kv_heads, self.num_heads),
+            ("rope_theta", self.rope_theta, None), ("window", self.window, None))
+            if value != default)
         return (f"d_in={self.d_in}, d_out={self.d_out}, num_heads={self.num_heads}, "
                 f"context_length={self.context_length}, dropout={self.dropout}{variants}")
 
@@ -255,18 +258,15 @@ def _check_sizes(d_in, d_out, context_length, num_heads, dropout) -> list[str]:
     return problems
 
 
-def _check_variants(d_out, num_heads, num_kv_heads, rope, rope_theta, window) -> list[str]:
-    """Problems with the variant keywords (sizes already checked when they are valid)."""
-    problems = [p for p in (check_kv_heads(num_kv_heads, num_heads), check_window(window)) if p]
-    sizes_ok = isinstance(num_heads, int) and num_heads > 0 and isinstance(d_out, int) \
-        and d_out % num_heads == 0
-    if rope and sizes_ok:
-        problem = check_rope_head_dim(d_out // num_heads)
-        problems += [problem] if problem else []
-    if rope and (isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float))
-                 or not rope_theta > 0):
-        problems.append(f"rope_theta={rope_theta!r} must be a positive number")
-    return problems
+def _check_variants(head_dim, num_heads, num_kv_heads, rope, rope_theta, window) -> list[str]:
+    """Problems with the variant keywords (for valid sizes)."""
+    problems = [check_kv_heads(num_kv_heads, num_heads), check_window(window)]
+    if rope:
+        problems.append(check_rope_head_dim(head_dim))
+        if isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float)) \
+                or not rope_theta > 0:
+            problems.append(f"rope_theta={rope_theta!r} must be a positive number")
+    return [p for p in problems if p]
 
 
 def check_kv_heads(num_kv_heads, num_heads) -> str | None:
