@@ -8,8 +8,15 @@ Model (From Scratch)*, ch. 3) and gives the same numbers for the same weights, b
   causal path, so no T x T mask is built or stored (flash / memory-efficient kernels can run),
 * loads the book's unfused state dict (``W_query/W_key/W_value/out_proj`` and its ``mask`` buffer).
 
+Variants, keyword-only and off by default (the plain path above is unchanged by them):
+grouped-query attention (``num_kv_heads``: fewer key/value heads, a smaller projection and KV
+cache), rotary position embeddings (``rope``, ``minigpt.rope``) and sliding-window attention
+(``window``, ``minigpt.window``, with the ring-buffer cache of ``minigpt.kv_cache``). ``forward``
+reads top to bottom: project, rotate (rope), attend (windowed or full causal), project out.
+
 Shape letters used in comments:
-    B batch, T new tokens, L keys visible (cached + new), nh heads, hd head dim, C = d_out = nh * hd.
+    B batch, T new tokens, L keys visible (cached + new), nh heads, nkv key/value heads, hd head
+    dim, C = d_out = nh * hd.
 """
 
 from __future__ import annotations
@@ -170,6 +177,9 @@ class MultiHeadAttention(nn.Module):
             grouped = q.reshape(*batch, self.num_kv_heads, nh // self.num_kv_heads, hd)
             return F.scaled_dot_product_attention(grouped, k, v, attn_mask=attn_mask,
                                                   dropout_p=dropout_p).view(q.shape)
+        # enable_gqa: the fused kernels read each key/value head for its group, no copies (as
+        # fast as repeating the heads first on the CPU, without their memory; flex_attention
+        # has no CPU backward)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                               is_causal=is_causal, enable_gqa=True)
 
