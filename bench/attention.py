@@ -7,7 +7,9 @@ Timing: both variants are built in this process and timed interleaved (book, fus
 after warm-up, so machine noise hits both alike; the median of ``--repeats`` steps is reported.
 Peak memory: each (shape, variant) runs again in its own fresh subprocess (``--measure-memory``),
 see ``measure_memory``. Float32, training mode, dropout 0 (as both would train), one step is
-``y = attn(x); y.backward(grad)`` with gradients for the input and all weights.
+``y = attn(x); y.backward(grad)`` with gradients for the input and all weights. The fused block
+is timed as a CPU training run uses it, with ``minigpt.cpu.speed_up_training`` applied (its
+projections on oneDNN's GEMM), and once more as the plain module (PyTorch's default GEMM).
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
 
 from minigpt.attention import MultiHeadAttention  # noqa: E402
-from minigpt.linear import onednn_enabled  # noqa: E402
+from minigpt.cpu import speed_up_training  # noqa: E402
 
 SHAPES = {  # name -> (batch, tokens, d_model, heads)
     "8x256x384/6": (8, 256, 384, 6),
     "1x1024x768/12": (1, 1024, 768, 12),
 }
+FUSED_MKL = "fused, MKL GEMMs"  # the plain fused block: PyTorch's default float32 GEMM
 
 
 class BookMultiHeadAttention(nn.Module):
@@ -68,14 +71,20 @@ class BookMultiHeadAttention(nn.Module):
 
 
 def build(variant: str, shape: str, seed: int = 0):
-    """The module (train mode, dropout 0), an input that needs a gradient and an output grad."""
+    """The module (train mode, dropout 0), an input that needs a gradient and an output grad.
+    ``variant``: "book", "fused" (with the CPU speedups) or ``FUSED_MKL`` (without)."""
     B, T, C, nh = SHAPES[shape]
     torch.manual_seed(seed)
     book = BookMultiHeadAttention(C, C, T, 0.0, nh).train()
     module = book
-    if variant == "fused":
+    if variant != "book":
         module = MultiHeadAttention(C, C, T, 0.0, nh).train()
         module.load_state_dict(book.state_dict())  # the same weights, fused
+    if variant == "fused":
+        # The projections' nn.Linear become oneDNN ones. glibc's keep-freed-memory setting stays
+        # off: it is process-wide (the other variants would get it too), and measure_memory
+        # needs freed tensors to leave the resident set (else its baseline already holds them).
+        speed_up_training(module, keep_freed_memory=False)
     data = torch.Generator().manual_seed(seed + 1)  # the same inputs for both variants
     x = torch.randn(B, T, C, generator=data).requires_grad_()
     grad = torch.randn(B, T, C, generator=data)
@@ -101,22 +110,17 @@ def check_equal(shape: str) -> tuple[float, float]:
                  for a, b in zip(outs["book"], outs["fused"], strict=True))
 
 
-FUSED_MKL = "fused, MKL GEMMs"  # the fused block with PyTorch's default float32 GEMM
-
-
 def time_shapes(shape: str, warmup: int, repeats: int) -> dict[str, list[float]]:
     """Seconds per forward + backward step, per round, variants interleaved. ``FUSED_MKL`` shows
     how much of the speedup is the fusion and SDPA, and how much oneDNN's GEMM
-    (``minigpt.linear``)."""
-    runs = {v: build(v, shape) for v in ("book", "fused")}
-    runs[FUSED_MKL] = build("fused", shape)
+    (``minigpt.cpu.speed_up_training``)."""
+    runs = {v: build(v, shape) for v in ("book", "fused", FUSED_MKL)}
     times: dict[str, list[float]] = {v: [] for v in runs}
     for i in range(warmup + repeats):
         for variant, (module, x, grad) in runs.items():
-            with onednn_enabled(variant != FUSED_MKL):
-                start = clock()
-                step(module, x, grad)
-                elapsed = clock() - start
+            start = clock()
+            step(module, x, grad)
+            elapsed = clock() - start
             if i >= warmup:
                 times[variant].append(elapsed)
     return times
@@ -235,7 +239,7 @@ def main() -> None:
           "mem ratio = fused peak / book peak\n(peak resident memory of one step above the "
           "baseline, each variant in its own process)\nout diff / grad diff = max abs difference "
           "of the outputs / input gradients (same weights and inputs)")
-    print("\nThe fused block's linear layers run on oneDNN's float32 GEMM (minigpt.linear); the "
+    print("\nThe fused block's linear layers run on oneDNN's float32 GEMM (minigpt.cpu); the "
           "book's nn.Linear\non PyTorch's default (MKL, whose AVX2 path AMD CPUs get). The fused "
           "block on the default GEMM:\n")
     for shape, t in block_times.items():

@@ -1,4 +1,4 @@
-"""Float32 GEMM speed on this CPU: PyTorch's default (MKL) vs oneDNN (``minigpt.linear``).
+"""Float32 GEMM speed on this CPU: PyTorch's default (MKL) vs oneDNN (``minigpt.cpu.linear``).
 
     python bench/gemm.py                 # the model's linear-layer shapes, all cores
     python bench/gemm.py --threads 1
@@ -6,9 +6,10 @@
 For each (rows, in, out) of the toy and GPT-2-small training steps, times a linear layer's three
 matmuls: forward ``x @ W.T``, input gradient ``dy @ W`` and weight gradient ``dy.T @ x``, with
 ``torch.mm`` on the same strided views as ``F.linear``'s autograd, and with the oneDNN calls
-``minigpt.linear`` makes. Medians of ``--repeats`` calls after warm-up, both kernels timed
-interleaved; also the max abs difference of each oneDNN result from float64 math next to MKL's,
-so a faster path that loses precision would show.
+``minigpt.cpu.linear.OneDNNLinear`` makes (the layer ``minigpt.cpu.speed_up_training`` swaps
+in). Medians of ``--repeats`` calls after warm-up, both kernels timed interleaved; also the max
+abs difference of each oneDNN result from float64 math next to MKL's, so a faster path that
+loses precision would show.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
 
-from minigpt.linear import ONEDNN_AVAILABLE, matmul_nt, weight_grad  # noqa: E402
+from minigpt.cpu.linear import weight_grad  # noqa: E402
+from minigpt.cpu.onednn import available as onednn_available  # noqa: E402
+from minigpt.cpu.onednn import matmul_nt  # noqa: E402
 
 SHAPES = {  # rows (batch x tokens), in, out
     "toy qkv": (2048, 384, 1152),
@@ -70,8 +73,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
     configure_timing(parser, args)
-    if not ONEDNN_AVAILABLE:
-        sys.exit("oneDNN's linear op is not available here (or MINIGPT_ONEDNN_LINEAR=0)")
+    if not onednn_available():
+        sys.exit("oneDNN's linear op is not available in this PyTorch: nothing to compare")
 
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.clock} clock, float32, "
           f"median of {args.repeats}\n")

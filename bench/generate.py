@@ -6,11 +6,11 @@
 
 Workload (issue 5): batch 1, a 16-token prompt, 256 new tokens, greedy, random GPT-2-small-sized
 weights (vocab 50257), float32. Both models hold the same weights (ours is saved with
-``minigpt.hf.save_hf_gpt2`` and loaded by ``transformers``), and the greedy tokens are compared.
+``GPT.save_pretrained`` and loaded by ``transformers``), and the greedy tokens are compared.
 All variants are built in this one process and timed round-robin after a warm-up, so machine
 noise hits them alike; each variant's median over ``--repeats`` runs is reported. The no-cache
 path reruns the whole sequence every token, so it gets fewer repeats (``--nocache-repeats``).
-"packed" is what generate.py runs on the CPU: ``minigpt.packed.pack_linears`` (oneDNN-packed
+"packed" is what generate.py runs on the CPU: ``minigpt.cpu.speed_up_decoding`` (oneDNN-packed
 linear weights; "bf16 weights" keeps float32 activations), "nn.Linear" the plain model.
 """
 
@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from minigpt.cpu import onednn, speed_up_decoding  # noqa: E402
 from minigpt.model import GPT, GPTConfig  # noqa: E402
-from minigpt.packed import pack_linears  # noqa: E402
 from minigpt.sampling import generate  # noqa: E402
 
 REF = "ours fp32, KV cache, packed"
@@ -44,6 +44,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--no-transformers", action="store_true", help="skip the HF baseline")
     args = parser.parse_args()
+    # speed_up_decoding packs nothing without oneDNN: the "packed" rows would be nn.Linear rows.
+    if not onednn.available():
+        sys.exit("oneDNN's linear op is not available in this PyTorch: nothing to pack")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
@@ -54,7 +57,9 @@ def main() -> None:
         m.load_state_dict(model.state_dict())
         if dtype is not None:
             m.to(dtype)
-        return pack_linears(m, weights) if weights is not None else m
+        if weights is not None:
+            speed_up_decoding(m, weight_dtype=weights)  # in place
+        return m
 
     packed = copy(weights=torch.float32)
     prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_tokens),
@@ -126,11 +131,9 @@ def _transformers_model(model: GPT):
     from transformers import GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
 
-    from minigpt.hf import save_hf_gpt2
-
     hf_logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as tmp:
-        save_hf_gpt2(model, tmp)
+        model.save_pretrained(tmp)
         hf = GPT2LMHeadModel.from_pretrained(tmp, torch_dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None  # always produce all new tokens, as ours does
     return hf

@@ -6,12 +6,17 @@
 One step = forward + cross-entropy loss + backward + ``AdamW(fused=True).step()`` (zero_grad with
 set_to_none), dropout 0, train mode, the same configuration and batch for every variant:
 
-* ``ours fp32`` / ``HF fp32``: float32 throughout; our linear layers and LM-head loss multiply on
-  oneDNN (``minigpt.linear``), Hugging Face's on PyTorch's default GEMM (MKL);
-* ``ours fp32 MKL``: our model on PyTorch's default GEMM too, to show what the GEMM backend gives
-  and what the rest of the implementation gives;
+* ``ours fp32`` / ``HF fp32``: float32 throughout; our model as a CPU run of train.py trains it,
+  with ``minigpt.cpu.speed_up_training`` applied (linear layers and the chunked LM-head loss
+  multiply on oneDNN; glibc's process-wide setting left off, see ``build``), Hugging Face's on
+  PyTorch's default GEMM (MKL);
+* ``ours fp32 MKL``: our plain model (no ``minigpt.cpu``: ``nn.Linear`` on PyTorch's default GEMM,
+  ``F.cross_entropy`` over the full logits), to show what the CPU speedups give and what the rest
+  of the implementation gives;
 * ``ours bf16``: the precision this CPU gets by default (AVX512-BF16 here): forward and loss under
-  ``torch.autocast("cpu", dtype=torch.bfloat16)``, float32 master weights and optimizer.
+  ``torch.autocast("cpu", dtype=torch.bfloat16)``, float32 master weights and optimizer, with
+  ``speed_up_training`` applied as for ``bf16-mixed`` (the chunked loss; autocast's matmuls run
+  in bfloat16 on PyTorch's own kernels).
 
 Our model computes its loss with ``GPT.loss`` (its training API); Hugging Face's logits go
 through ``F.cross_entropy`` directly (cheaper than its ``labels=`` path, which copies shifted
@@ -35,10 +40,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
 
-from minigpt.linear import ONEDNN_AVAILABLE, matmul_nt, onednn_enabled  # noqa: E402
+from minigpt.cpu import onednn, speed_up_training  # noqa: E402
 from minigpt.model import GPT, GPTConfig  # noqa: E402
 
-OURS_MKL = "ours fp32 MKL"  # our model with PyTorch's default float32 GEMM (no minigpt.linear)
+OURS_MKL = "ours fp32 MKL"  # our plain model: PyTorch's default float32 GEMM (no minigpt.cpu)
 VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64, for both models
 SIZES = {  # name -> (n_layer, n_head, n_embd, tokens, default batch)
     "toy": (6, 6, 384, 256, 8),
@@ -49,13 +54,13 @@ SIZES = {  # name -> (n_layer, n_head, n_embd, tokens, default batch)
 def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
     """FLOP/s of an n x n x n matmul: the best of ``repeats`` after warm-up (the machine's
     reachable peak; other processes only ever lower a sample), taken over ``torch.mm`` and, in
-    float32, oneDNN's GEMM too (``minigpt.linear``: on AMD CPUs MKL's ``torch.mm`` runs at about
-    half of what the cores can do)."""
+    float32, oneDNN's GEMM too (``minigpt.cpu.onednn``: on AMD CPUs MKL's ``torch.mm`` runs at
+    about half of what the cores can do)."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     out = torch.empty(n, n, dtype=dtype)
     kernels = [lambda: torch.mm(a, b, out=out)]
-    if dtype == torch.float32 and ONEDNN_AVAILABLE:
-        kernels.append(lambda: matmul_nt(a, b))
+    if dtype == torch.float32 and onednn.available():
+        kernels.append(lambda: onednn.matmul_nt(a, b))
     best = float("inf")
     for kernel in kernels:
         for _ in range(3):
@@ -70,24 +75,21 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
 class Variant:
     """A model, its optimizer and one training step."""
 
-    def __init__(self, name: str, model: torch.nn.Module, loss_fn, autocast: bool,
-                 onednn: bool = True):
+    def __init__(self, name: str, model: torch.nn.Module, loss_fn, autocast: bool):
         self.name, self.model, self.loss_fn, self.autocast = name, model.train(), loss_fn, autocast
-        self.onednn = onednn  # minigpt.linear's oneDNN GEMMs, else PyTorch's default (MKL)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1,
                                            fused=True)
         self.times: list[float] = []
         self.losses: list[float] = []
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        with onednn_enabled(self.onednn):
-            start = clock()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
-                loss = self.loss_fn(self.model, x, y)
-            loss.backward()
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            elapsed = clock() - start
+        start = clock()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+            loss = self.loss_fn(self.model, x, y)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        elapsed = clock() - start
         self.losses.append(loss.item())
         return elapsed
 
@@ -116,8 +118,14 @@ def build(size: str, variants: list[str]) -> tuple[list[Variant], GPT]:
         if name.startswith("ours"):
             model = GPT(config)
             reference = model
-            built.append(Variant(name, model, ours_loss, autocast=name.endswith("bf16"),
-                                 onednn=name != OURS_MKL))
+            bf16 = name.endswith("bf16")
+            if name != OURS_MKL:
+                # oneDNN linear layers and the chunked loss, swapped in place (same Parameters).
+                # glibc's keep-freed-memory setting stays off: it is process-wide, so Hugging
+                # Face's and the plain model's steps would get it too.
+                speed_up_training(model, precision="bf16-mixed" if bf16 else "32-true",
+                                  keep_freed_memory=False)
+            built.append(Variant(name, model, ours_loss, autocast=bf16))
         else:
             hf_config = transformers.GPT2Config(
                 vocab_size=VOCAB, n_positions=T, n_layer=n_layer, n_head=n_head, n_embd=n_embd,

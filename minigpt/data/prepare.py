@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -119,7 +120,14 @@ def _tokenize_and_write(cfg: DataConfig, tmp: Path, fp: str, progress: bool) -> 
     import datasets
     from tqdm.auto import tqdm
 
-    ds = load_source(cfg)
+    local = cfg.source == "files"
+    if progress and local:
+        print(f"reading {_where(cfg)}", file=sys.stderr, flush=True)
+    # datasets' bar for reading local files is left unfinished by a file that fails to load, and
+    # the one-line error would land on its line; the line above says what is being read. (Hub
+    # downloads keep their bars: they can take hours.)
+    with _progress_bars(False) if local else contextlib.nullcontext():
+        ds = load_source(cfg)
     column, transform = text_column(cfg, ds), document_transform(cfg)
     if cfg.tokenizer == "char":
         tok: Tokenizer = _char_tokenizer(cfg, ds, column, transform)
@@ -206,18 +214,24 @@ def _locked(root: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _reusable(directory: Path, fp: str) -> dict | None:
+def _reusable(directory: Path, fp: str, announce: bool = False) -> dict | None:
+    """The prepared dataset's meta if it is complete and was made from these sources and
+    settings, else None; with ``announce``, say on the console why it is prepared again (for a
+    hub dataset that means downloading it again)."""
     if not (directory / "meta.json").is_file():
         return None
     try:
         meta = load_meta(directory)
     except DataError as e:
-        log.warning("preparing %s again: %s", directory, e)
-        return None
-    if meta.get("fingerprint") != fp:
-        log.info("preparing %s again: its sources or settings changed", directory)
-        return None
-    return meta
+        reason = str(e)
+    else:
+        if meta.get("fingerprint") == fp:
+            return meta
+        reason = "its sources or settings changed since it was prepared"
+    if announce:
+        log.warning("preparing %s again: %s", directory, reason)
+        print(f"preparing {directory} again: {reason}", file=sys.stderr, flush=True)
+    return None
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
@@ -238,7 +252,7 @@ def prepare_dataset(data_cfg: Any, data_root: str | os.PathLike = "data", *, pro
         log.info("reusing %s (fingerprint %s)", directory, fp)
         return meta
     with _locked(root):
-        if (meta := _reusable(directory, fp)) is not None:  # another process just prepared it
+        if (meta := _reusable(directory, fp, announce=True)) is not None:  # another process made it
             return meta
         for stale in root.glob(f".tmp-{cfg.name}-*"):  # left by a killed run (we hold the lock)
             shutil.rmtree(stale, ignore_errors=True)

@@ -99,8 +99,8 @@ def load_source(cfg: DataConfig):
             ds = datasets.load_dataset(builder, data_files=files, split="train", streaming=cfg.streaming,
                                        cache_dir=cfg.cache_dir, **kwargs)
         except Exception as e:  # pyarrow/json parse errors arrive wrapped several levels deep
-            raise DataError(f"cannot read {files[0] if len(files) == 1 else f'{len(files)} files'} as "
-                            f"{builder}: {first_line(e, root_cause=True)}") from None
+            raise DataError(f"cannot read {_name_unreadable(files, builder, cfg)} as {builder}: "
+                            f"{first_line(e, root_cause=True)}") from None
     else:
         try:
             ds = datasets.load_dataset(cfg.hub_name, cfg.hub_config, data_files=cfg.data_files,
@@ -143,6 +143,37 @@ def text_column(cfg: DataConfig, ds) -> str:
         raise DataError(f"{where} has no field {column!r} (fields: {', '.join(names)}); set "
                         f"data.text_field to the one holding the text")
     return column
+
+
+def _name_unreadable(files: list[str], builder: str, cfg: DataConfig, most: int = 5) -> str:
+    """``a.txt`` or ``2 of 4 files (a.txt, b.txt)``: which of ``files`` fail to load on their own
+    (UTF-8 first, the cheap and common failure), naming up to ``most`` of them."""
+    if len(files) == 1:
+        return files[0]
+    bad = [f for f in files if not _decodes(f)] if builder in ("text", "json") else []
+    if not bad:
+        import datasets
+
+        for f in files:
+            try:
+                datasets.load_dataset(builder, data_files=[f], split="train",
+                                      cache_dir=cfg.cache_dir)
+            except Exception:
+                bad.append(f)
+    if not bad:
+        return f"{len(files)} files"
+    shown = ", ".join(bad[:most]) + (f" and {len(bad) - most} more" if len(bad) > most else "")
+    return f"{len(bad)} of {len(files)} files ({shown})"
+
+
+def _decodes(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            while f.read(1 << 20):
+                pass
+        return True
+    except (UnicodeDecodeError, OSError):
+        return False
 
 
 def _is_plain_text(cfg: DataConfig) -> bool:

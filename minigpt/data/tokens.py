@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from minigpt.data.config import DataConfig, DataError
+from minigpt.errors import first_line
+from minigpt.tokenizer import TIKTOKEN_ENCODINGS
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
@@ -30,19 +32,24 @@ def dataset_dir(data_cfg: Any, data_root: str | os.PathLike = "data") -> Path:
 
 
 def load_meta(directory: str | os.PathLike) -> dict:
-    """``meta.json`` of a prepared dataset, after checking the ``.bin`` files agree with it."""
+    """``meta.json`` of a prepared dataset, checked as a whole: its fields against each other and
+    its tokenizer, the ``.bin`` sizes against its token counts, and the token ids at both ends of
+    each file against the vocabulary. Anything inconsistent is a one-line ``DataError`` naming the
+    file and the fix."""
     directory = Path(directory)
     path = directory / "meta.json"
     if not path.is_file():
         raise DataError(f"no prepared data in {directory} (meta.json is missing): run "
                         f"python -m minigpt.data data={directory.name}")
+    fix = (f"delete {directory} and prepare it again (python -m minigpt.data "
+           f"data={directory.name}, or let train.py prepare it)")
     try:
         meta = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise DataError(f"{path} is unreadable ({e}); delete {directory} and prepare it again") from None
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{path} has format_version {meta.get('format_version')}, this minigpt reads "
-                        f"{FORMAT_VERSION}; prepare it again: python -m minigpt.data data={directory.name}")
+        raise DataError(f"{path} is unreadable ({first_line(e)}); {fix}") from None
+    problem = _meta_problem(meta)
+    if problem:
+        raise DataError(f"{path}: {problem}; {fix}")
     itemsize = np.dtype(meta["dtype"]).itemsize
     for split in SPLITS:
         bin_path = directory / f"{split}.bin"
@@ -52,10 +59,56 @@ def load_meta(directory: str | os.PathLike) -> dict:
             found = "is missing" if actual is None else f"has {actual} bytes"
             raise DataError(
                 f"{bin_path} {found} but meta.json records {meta[f'{split}_tokens']} {meta['dtype']} "
-                f"tokens ({expected} bytes): the file is truncated or changed; prepare it again with "
-                f"python -m minigpt.data data={meta.get('name', directory.name)}"
+                f"tokens ({expected} bytes): the file is truncated or changed; {fix}"
             )
+        top = _largest_id_at_the_ends(open_tokens(directory, split, meta))
+        if top >= meta["vocab_size"]:
+            raise DataError(f"{bin_path} holds token id {top} but meta.json's tokenizer has "
+                            f"{meta['vocab_size']} ids: the files are from another preparation; {fix}")
     return meta
+
+
+def _meta_problem(meta) -> str | None:
+    """What is wrong with a parsed meta.json on its own (None if nothing)."""
+    if not isinstance(meta, dict):
+        return "not a JSON object"
+    if meta.get("format_version") != FORMAT_VERSION:
+        return f"format_version={meta.get('format_version')!r}, this minigpt reads {FORMAT_VERSION}"
+    for key, low in (("train_tokens", 0), ("val_tokens", 0), ("vocab_size", 1)):
+        value = meta.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            return f"{key}={value!r} must be an integer >= {low}"
+    vocab = meta["vocab_size"]
+    tok = meta.get("tokenizer")
+    if not isinstance(tok, dict) or tok.get("type") not in ("char", "tiktoken"):
+        return f"tokenizer={tok!r} is not a minigpt tokenizer record"
+    if tok["type"] == "char":
+        chars = tok.get("chars")
+        if not isinstance(chars, str) or len(set(chars)) != len(chars) or not chars:
+            return "the char tokenizer's chars must be a string of distinct characters"
+        expected_vocab, expected_eot = len(chars) + 1, len(chars)
+    else:
+        if tok.get("name") not in TIKTOKEN_ENCODINGS:
+            return f"tokenizer name={tok.get('name')!r} must be one of {TIKTOKEN_ENCODINGS}"
+        expected_vocab, expected_eot = tok.get("vocab_size"), tok.get("eot_id")
+    if (tok.get("vocab_size"), tok.get("eot_id")) != (expected_vocab, expected_eot) \
+            or vocab != expected_vocab:
+        return (f"vocab_size={vocab} but its {tok.get('name')!r} tokenizer has "
+                f"{expected_vocab} ids (eot_id {expected_eot})")
+    if meta.get("dtype") != dtype_for(vocab).name:
+        return f"dtype={meta.get('dtype')!r}, but {vocab} ids are stored as {dtype_for(vocab).name}"
+    top = meta.get("max_token_id", -1)
+    if isinstance(top, bool) or not isinstance(top, int) or not -1 <= top < vocab:
+        return f"max_token_id={top!r} is outside the tokenizer's {vocab} ids"
+    return None
+
+
+def _largest_id_at_the_ends(tokens: np.ndarray, span: int = 1 << 22) -> int:
+    """The largest token id among the first and last ``span`` tokens (-1 if none): a cheap check
+    that catches files from another preparation without reading a whole large split."""
+    if len(tokens) == 0:
+        return -1
+    return int(max(tokens[:span].max(), tokens[-span:].max()))
 
 
 def open_tokens(directory: str | os.PathLike, split: str, meta: dict | None = None) -> np.memmap:

@@ -87,12 +87,13 @@ def estimate_training_memory(model: dict, batch_size: int, *, precision: str = "
 
 
 def _loss_bytes(tokens: int, C: int, V: int, act_bytes: int, chunked: bool) -> int:
+    half = act_bytes if act_bytes < 4 else 0  # extra half-precision copies under autocast
     if chunked:  # float32 logits and probabilities of one chunk, plus the (N, C), (V, C) grads
         rows = min(tokens, max(1, LOSS_CHUNK_ELEMENTS // V))
-        return rows * V * (8 + act_bytes) + tokens * C * 4 + V * C * 4
-    # Logits in the compute dtype, their float32 copy, the saved log-softmax, the gradient (and
-    # its compute-dtype cast)
-    return tokens * V * (2 * act_bytes + 12)
+        return rows * V * (8 + half) + tokens * C * 4 + V * C * 4
+    # float32 logits (and their half-precision original), the saved log-softmax, the gradient
+    # (and its half-precision cast)
+    return tokens * V * (12 + 2 * half)
 
 
 def check_memory(estimate: MemoryEstimate, available: int, where: str, knobs: dict) -> None:

@@ -194,6 +194,23 @@ def test_signal_saves_checkpoint_and_exits(tmp_path, data_root, signum, code):
     assert not list((tmp_path / "run/checkpoints").glob("*.tmp"))
 
 
+class OutOfMemoryAt(L.Callback):
+    """Raises what CUDA raises when a step does not fit, at the first training batch."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def test_out_of_memory_in_training_is_one_line_with_advice(tmp_path, data_root):
+    from minigpt.errors import ResourceError
+
+    with pytest.raises(ResourceError) as error:
+        run(tiny_cfg(data_root), tmp_path / "run", callbacks=[OutOfMemoryAt()])
+    message = str(error.value)
+    assert message.startswith("out of memory during training (OutOfMemoryError: CUDA out of")
+    assert "data.batch_size=4" in message and "trainer=fsdp" in message and "\n" not in message
+
+
 def test_init_from_checkpoint_and_hf_directory(tmp_path, data_root):
     tokenizer = get_tokenizer("char", chars="abc")
     source = GPT(GPTConfig(vocab_size=64, context_length=16, n_layer=1, n_head=2, n_embd=16))
