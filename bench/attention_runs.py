@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from attention_variants import time_decoding  # noqa: E402
+from attention_decoding import time_decoding  # noqa: E402
 from peak_memory import in_subprocess, peak_extra_mib  # noqa: E402
 
 from minigpt.checkpoint import load_checkpoint  # noqa: E402

@@ -5,7 +5,7 @@ Training and prompts (``banded_attention``): the queries go in chunks of ``C`` t
 (chunks, C, window + C) mask. Memory and work grow as T * (window + C), not T * T, and no
 (T, T) mask is built. Why not the alternatives: ``flex_attention`` has no backward on the CPU
 (torch 2.13), and SDPA with a dense (T, T) band mask is slower than full causal attention; the
-chunks beat full causal SDPA at T=2048, window=256 on the CPU (``bench/attention_variants.py``).
+chunks beat full causal SDPA at T=2048, window=256 on the CPU (``bench/attention.py --variants``).
 A sequence no longer than the window is plain causal attention and takes that path.
 
 Decoding: a ``RingKVCache`` of ``window`` slots holds exactly the keys a new token may see, so
