@@ -37,14 +37,15 @@ LONG = dict(vocab_size=128, context_length=256, n_layer=4, n_head=4, n_embd=256,
 LONG_VARIANTS = {"rope+window64": 64, "rope": None}  # name -> window
 
 
-def decode_rates(layers: int, cached: int, new: int, repeats: int) -> dict[str, tuple]:
+def decode_rates(layers: int, cached: int, new: int, repeats: int,
+                 vocab_size: int = 50257) -> dict[str, tuple]:
     """(new tokens/s, KV-cache bytes per token) per grouping, steps timed after the prefill."""
     models = {}
     for name, kv in DECODE_VARIANTS.items():
         torch.manual_seed(0)
-        models[name] = GPT(GPTConfig(vocab_size=50257, context_length=cached + new,
+        models[name] = GPT(GPTConfig(vocab_size=vocab_size, context_length=cached + new,
                                      n_layer=layers, num_kv_heads=kv)).eval()
-    prompt = torch.randint(0, 50257, (1, cached), generator=torch.Generator().manual_seed(0))
+    prompt = torch.randint(0, vocab_size, (1, cached), generator=torch.Generator().manual_seed(0))
     rates = time_decoding(models, dict.fromkeys(models, prompt), new, repeats)
     return {name: (rates[name], model.kv_cache_bytes_per_token())
             for name, model in models.items()}
@@ -85,6 +86,7 @@ def main() -> None:
     add_timing_arguments(parser)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--layers", type=int, default=12, help="layers of the decoding model")
+    parser.add_argument("--vocab-size", type=int, default=50257)
     parser.add_argument("--cached", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--long", type=int, nargs="+", default=[1, 2, 4],
@@ -107,7 +109,7 @@ def main() -> None:
 def print_decode_table(args) -> None:
     print(f"\n1. Decoding, GPT-2 small shape ({args.layers} layers), {args.new_tokens} "
           f"tokens after {args.cached} cached, median of {args.repeats}")
-    rates = decode_rates(args.layers, args.cached, args.new_tokens, args.repeats)
+    rates = decode_rates(args.layers, args.cached, args.new_tokens, args.repeats, args.vocab_size)
     print_header(f"{'variant':<8} {'tok/s':>8} {'vs gpt2':>8} {'KV bytes/token':>15} {'KV ratio':>9}")
     base_rate, base_bytes = rates["gpt2"]
     for name, (rate, kv_bytes) in rates.items():

@@ -68,3 +68,21 @@ def test_memory_preflight_counts_each_variants_weights(fields):
     with torch.device("meta"):
         model = GPT(GPTConfig(**config))
     assert estimate_training_memory(config, 1).weights == 4 * model.num_params()
+
+
+def test_variant_benchmarks_run_in_a_tiny_mode(tmp_path):
+    """The benchmarks behind docs/attention_variants.md, shrunk so they cannot rot."""
+    table = _python(tmp_path, ROOT / "bench" / "attention.py", "--variants", "--lengths", "16",
+                    "--warmup", "0", "--repeats", "1", "--threads", "1")
+    rows = [line.split() for line in table.splitlines() if line.startswith("   16 ")]
+    assert [row[1] for row in rows] == ["gpt2", "gqa4", "mqa", "rope", "window256",
+                                        "rope+window256"]
+    assert all(float(row[4]) > 0 for row in rows)  # each variant's peak memory, measured
+    decoding = _python(tmp_path, ROOT / "bench" / "attention_decoding.py", "--layers", "1",
+                       "--cached", "8", "--new-tokens", "2", "--repeats", "1", "--long", "1",
+                       "--vocab-size", "64",
+                       "--threads", "1")
+    kv = {line.split()[0]: line.split()[3] for line in decoding.splitlines()
+          if line.split() and line.split()[0] in ("gpt2", "gqa4", "mqa")}
+    assert kv == {"gpt2": "6,144", "gqa4": "2,048", "mqa": "512"}
+    assert "rope+window64" in decoding and "524,288" in decoding  # 64-slot rings, 4 layers
