@@ -1,7 +1,9 @@
-"""Fused MultiHeadAttention vs the book's unfused one: forward + backward time and peak memory.
+"""Fused MultiHeadAttention vs the book's unfused one, and the attention variants against
+GPT-2's block: forward + backward time and peak memory.
 
     python bench/attention.py                 # both shapes, all cores, prints a table
     python bench/attention.py --threads 1 --repeats 20
+    python bench/attention.py --variants      # grouped-query, rope, window at T = 256 .. 2048
 
 Timing: both variants are built in this process and timed interleaved (book, fused, book, ...)
 after warm-up, so machine noise hits both alike; the median of ``--repeats`` steps is reported.
@@ -10,15 +12,18 @@ see ``measure_memory``. Float32, training mode, dropout 0 (as both would train),
 ``y = attn(x); y.backward(grad)`` with gradients for the input and all weights. The fused block
 is timed as a CPU training run uses it, with ``minigpt.cpu.speed_up_training`` applied (its
 projections on oneDNN's GEMM), and once more as the plain module (PyTorch's default GEMM).
+
+``--variants``: one block of GPT-2 small's shape (768 dims, 12 heads, batch 1) per attention
+variant (GPT-2's, 4 and 1 key/value heads, rope, a 256-token window, rope + window), with the CPU
+speedups, at each of ``--lengths``; timed interleaved, "vs gpt2" the median of per-round ratios,
+peak memory of each (variant, T) in its own process.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +31,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from peak_memory import in_subprocess, peak_extra_mib  # noqa: E402
 from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
 
 from minigpt.attention import MultiHeadAttention  # noqa: E402
@@ -36,6 +42,14 @@ SHAPES = {  # name -> (batch, tokens, d_model, heads)
     "1x1024x768/12": (1, 1024, 768, 12),
 }
 FUSED_MKL = "fused, MKL GEMMs"  # the plain fused block: PyTorch's default float32 GEMM
+VARIANTS = {  # --variants: name -> MultiHeadAttention keywords, at 768 dims and 12 heads
+    "gpt2": {},
+    "gqa4": {"num_kv_heads": 4},
+    "mqa": {"num_kv_heads": 1},
+    "rope": {"rope": True},
+    "window256": {"window": 256},
+    "rope+window256": {"rope": True, "window": 256},
+}
 
 
 class BookMultiHeadAttention(nn.Module):
@@ -163,44 +177,56 @@ def _summary(times: dict[str, list[float]]) -> tuple[dict[str, float], dict[str,
     return {v: statistics.median(t) for v, t in times.items()}, speedups
 
 
-def _rss_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def measure_memory(variant: str, shape: str) -> float:
-    """Peak extra resident memory (MiB) of one forward + backward step, in this (fresh) process.
-
-    Torch's CPU tensors come from malloc, which tracemalloc does not see, and freed memory may
-    stay resident in malloc's heap, hiding later peaks. So the parent starts this process with
-    ``MALLOC_MMAP_THRESHOLD_`` fixed at 64 KiB: every tensor above that is its own mmap, returned
-    to the OS when freed, and resident memory follows live tensors. After a warm-up step (lazy
-    initialization, kernel scratch) and with the gradients freed, we take the resident set size
-    as the baseline, reset the kernel's high-water mark (writing 5 to /proc/self/clear_refs, Linux
-    >= 4.0), run one step and read the high-water mark ``VmHWM``: peak minus baseline is what the
-    step needed on top of the weights and the input (activations saved for backward, scores,
-    gradients).
-    """
-    module, x, grad = build(variant, shape)
+def measure_memory(variant: str, shape: str | int) -> float:
+    """Peak extra resident memory (MiB) of one forward + backward step, in this (fresh) process
+    (see ``peak_memory``): after a warm-up step (lazy initialization, kernel scratch) and with the
+    gradients freed, what the step needs on top of the weights and the input (activations saved
+    for backward, scores, gradients). ``shape``: a ``SHAPES`` name, or T for ``VARIANTS``."""
+    module, x, grad = build_variant(variant, shape) if variant in VARIANTS else \
+        build(variant, shape)
     step(module, x, grad)
     module.zero_grad(set_to_none=True)
     x.grad = None
-    baseline = _rss_kib("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")
-    step(module, x, grad)
-    return (_rss_kib("VmHWM") - baseline) / 1024
+    return peak_extra_mib(lambda: step(module, x, grad))
 
 
-def memory_in_subprocess(variant: str, shape: str, threads: int) -> float:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)}
-    out = subprocess.run(
-        [sys.executable, __file__, "--measure-memory", variant, "--shape", shape,
-         "--threads", str(threads)],
-        env=env, capture_output=True, text=True, check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
+def memory_in_subprocess(variant: str, shape: str | int, threads: int) -> float:
+    return in_subprocess(__file__, ["--measure-memory", variant, "--shape", str(shape),
+                                    "--threads", str(threads)])["peak_mib"]
+
+
+def build_variant(variant: str, T: int, seed: int = 0):
+    """A GPT-2-small-shaped block of ``VARIANTS[variant]`` for T tokens, as a CPU training run
+    uses it (``speed_up_training``), an input that needs a gradient and an output gradient."""
+    torch.manual_seed(seed)
+    module = MultiHeadAttention(768, 768, T, 0.0, 12, True, **VARIANTS[variant]).train()
+    speed_up_training(module, keep_freed_memory=False)
+    data = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(1, T, 768, generator=data).requires_grad_()
+    return module, x, torch.randn(1, T, 768, generator=data)
+
+
+def print_variants(args) -> None:
+    """The variants table: time and peak memory per (T, variant), ratios against gpt2."""
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.clock} clock, float32, "
+          f"forward + backward, 768 dims / 12 heads, batch 1, median of {args.repeats} after "
+          f"{args.warmup} warm-up steps\n")
+    print_header(f"{'T':>5} {'variant':<15} {'fwd+bwd ms':>10} {'vs gpt2':>8} {'peak MiB':>9} "
+                 f"{'mem vs gpt2':>11}")
+    for T in args.lengths:
+        runs = {v: build_variant(v, T) for v in VARIANTS}
+        times: dict[str, list[float]] = {v: [] for v in runs}
+        for i in range(args.warmup + args.repeats):
+            for variant, run in runs.items():
+                start = clock()
+                step(*run)
+                if i >= args.warmup:
+                    times[variant].append(clock() - start)
+        mem = {v: memory_in_subprocess(v, T, args.threads) for v in runs}
+        for variant, t in times.items():
+            ratio = statistics.median(b / v for b, v in zip(times["gpt2"], t, strict=True))
+            print(f"{T:>5} {variant:<15} {statistics.median(t) * 1e3:>10.1f} {ratio:>7.2f}x "
+                  f"{mem[variant]:>9.1f} {mem[variant] / mem['gpt2']:>10.2f}x", flush=True)
 
 
 def main() -> None:
@@ -208,16 +234,27 @@ def main() -> None:
     add_timing_arguments(parser)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--shape", choices=list(SHAPES), action="append",
-                        help="shape(s) to run (default: all)")
-    parser.add_argument("--measure-memory", choices=["book", "fused"], help=argparse.SUPPRESS)
+    parser.add_argument("--shape", action="append",
+                        help=f"shape(s) to run, of {', '.join(SHAPES)} (default: all)")
+    parser.add_argument("--variants", action="store_true",
+                        help="time the attention variants instead (see the docstring)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048],
+                        help="--variants: sequence lengths (default: 256 512 1024 2048)")
+    parser.add_argument("--measure-memory", help=argparse.SUPPRESS)
     args = parser.parse_args()
     configure_timing(parser, args)
 
     if args.measure_memory:
-        peak = measure_memory(args.measure_memory, args.shape[0])
+        shape = args.shape[0]
+        peak = measure_memory(args.measure_memory, int(shape) if shape.isdigit() else shape)
         print(json.dumps({"peak_mib": peak}))
         return
+    if args.variants:
+        print_variants(args)
+        return
+    unknown = [s for s in args.shape or [] if s not in SHAPES]
+    if unknown:
+        parser.error(f"unknown shape(s) {unknown}; choose from {', '.join(SHAPES)}")
 
     shapes = args.shape or list(SHAPES)
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.clock} clock, float32, "

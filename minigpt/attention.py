@@ -8,75 +8,35 @@ Model (From Scratch)*, ch. 3) and gives the same numbers for the same weights, b
   causal path, so no T x T mask is built or stored (flash / memory-efficient kernels can run),
 * loads the book's unfused state dict (``W_query/W_key/W_value/out_proj`` and its ``mask`` buffer).
 
+Variants, keyword-only and off by default (the plain path above is unchanged by them):
+grouped-query attention (``num_kv_heads``: fewer key/value heads, a smaller projection and KV
+cache), rotary position embeddings (``rope``, ``minigpt.rope``) and sliding-window attention
+(``window``, ``minigpt.window``, with the ring-buffer cache of ``minigpt.kv_cache``). ``forward``
+reads top to bottom: project, rotate (rope), attend (windowed or full causal), project out.
+
 Shape letters used in comments:
-    B batch, T new tokens, L keys visible (cached + new), nh heads, hd head dim, C = d_out = nh * hd.
+    B batch, T new tokens, L keys visible (cached + new), nh heads, nkv key/value heads, hd head
+    dim, C = d_out = nh * hd.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from minigpt.kv_cache import KVCache, RingKVCache
+from minigpt.rope import apply_rope, check_rope_head_dim, rope_angles
+from minigpt.window import (
+    banded_attention,
+    cached_window_attention,
+    check_window,
+    finite_rows,
+    window_mask,
+)
+
+__all__ = ["KVCache", "MultiHeadAttention", "RingKVCache", "check_context_fits"]
 _BOOK_PROJECTIONS = ("W_query", "W_key", "W_value")
-
-
-@dataclass
-class KVCache:
-    """Preallocated keys/values of one attention layer for incremental decoding.
-
-    ``keys``/``values`` are (B, nh, capacity, hd); the first ``length`` positions are filled.
-    ``padding`` (B, capacity) marks cached keys that are padding (left-padded prompts).
-    """
-
-    keys: Tensor
-    values: Tensor
-    padding: Tensor
-    length: int = 0
-    padded: bool = False  # a python flag, so the unpadded path never syncs with the device
-
-    @classmethod
-    def empty(
-        cls, batch_size: int, num_heads: int, capacity: int, head_dim: int, *, device=None, dtype=None
-    ) -> KVCache:
-        shape = (batch_size, num_heads, capacity, head_dim)
-        return cls(
-            keys=torch.zeros(shape, device=device, dtype=dtype),
-            values=torch.zeros(shape, device=device, dtype=dtype),
-            padding=torch.zeros(batch_size, capacity, device=device, dtype=torch.bool),
-        )
-
-    @property
-    def capacity(self) -> int:
-        return self.keys.shape[2]
-
-    def reset(self) -> None:
-        """Forget the cached tokens; the buffers are reused, not reallocated."""
-        self.length = 0
-        self.padded = False
-        self.padding.zero_()
-
-    def append(
-        self, k: Tensor, v: Tensor, padding: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Write T new keys/values after the cached ones; return all visible (L = length) keys,
-        values and their padding mask (None if nothing cached is padding)."""
-        start, end = self.length, self.length + k.shape[2]
-        if end > self.capacity:
-            raise ValueError(
-                f"KV cache holds {self.capacity} tokens but {end} were requested; "
-                "reset the cache or crop the sequence"
-            )
-        self.keys[:, :, start:end] = k
-        self.values[:, :, start:end] = v
-        if padding is not None:
-            self.padding[:, start:end] = padding
-            self.padded = True
-        self.length = end
-        visible_padding = self.padding[:, :end] if self.padded else None
-        return self.keys[:, :, :end], self.values[:, :, :end], visible_padding
 
 
 class MultiHeadAttention(nn.Module):
@@ -89,7 +49,13 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout probability on the attention weights (training mode only).
         num_heads: number of heads.
         qkv_bias: bias on the query/key/value projection.
+    Keyword-only (the defaults are the book's and GPT-2's block):
         out_bias: bias on the output projection (the book and GPT-2 have one).
+        num_kv_heads: key/value heads, shared by groups of ``num_heads // num_kv_heads`` query
+            heads (grouped-query attention; 1 is multi-query attention). The projection and the
+            KV cache shrink accordingly. None: ``num_heads`` (multi-head attention).
+        rope: rotate queries and keys by their positions (``minigpt.rope``), with ``rope_theta``.
+        window: each query sees its last ``window`` keys only (``minigpt.window``); None: all.
     """
 
     def __init__(
@@ -102,35 +68,50 @@ class MultiHeadAttention(nn.Module):
         qkv_bias: bool = False,
         *,
         out_bias: bool = True,
+        num_kv_heads: int | None = None,
+        rope: bool = False,
+        rope_theta: float = 10000.0,
+        window: int | None = None,
     ):
         super().__init__()
-        problems = []
-        for name, value in (("d_in", d_in), ("d_out", d_out), ("context_length", context_length),
-                            ("num_heads", num_heads)):
-            if not isinstance(value, int) or value <= 0:
-                problems.append(f"{name}={value!r} must be a positive integer")
-        if not problems and d_out % num_heads != 0:
-            problems.append(f"d_out={d_out} must be divisible by num_heads={num_heads}")
-        if not 0.0 <= float(dropout) < 1.0:
-            problems.append(f"dropout={dropout} must be in [0, 1)")
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        problems = _check_sizes(d_in, d_out, context_length, num_heads, dropout)
+        if not problems:  # the variants' checks need valid sizes
+            problems = _check_variants(d_out // num_heads, num_heads, num_kv_heads, rope,
+                                       rope_theta, window)
         if problems:
             raise ValueError("; ".join(problems))
 
         self.d_in, self.d_out = d_in, d_out
         self.context_length = context_length
-        self.num_heads = num_heads
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_dim = d_out // num_heads
         self.dropout = float(dropout)
-        self.qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)  # rows: [queries; keys; values]
+        self.rope_theta = float(rope_theta) if rope else None  # None: no rotation
+        self.window = window
+        kv_features = num_kv_heads * self.head_dim
+        # rows: [queries; keys; values]; 3 * d_out without grouping
+        self.qkv = nn.Linear(d_in, d_out + 2 * kv_features, bias=qkv_bias)
         self.out_proj = nn.Linear(d_out, d_out, bias=out_bias)
         self.register_load_state_dict_pre_hook(_fuse_book_state_dict)
 
+    @property
+    def unbounded(self) -> bool:
+        """Rotary positions and a window: no position table and a bounded cache, so a sequence
+        (or a generation) may run past ``context_length``."""
+        return self.rope_theta is not None and self.window is not None
+
     def extra_repr(self) -> str:
+        variants = "".join(f", {name}={value}" for name, value, default in (
+            ("num_kv_heads", self.num_kv_heads, self.num_heads),
+            ("rope_theta", self.rope_theta, None), ("window", self.window, None))
+            if value != default)
         return (f"d_in={self.d_in}, d_out={self.d_out}, num_heads={self.num_heads}, "
-                f"context_length={self.context_length}, dropout={self.dropout}")
+                f"context_length={self.context_length}, dropout={self.dropout}{variants}")
 
     def forward(
-        self, x: Tensor, key_padding_mask: Tensor | None = None, kv_cache: KVCache | None = None
+        self, x: Tensor, key_padding_mask: Tensor | None = None, kv_cache: KVCache | None = None,
+        position_ids: Tensor | None = None,
     ) -> Tensor:
         """Attend causally over ``x`` (B, T, d_in) and return (B, T, d_out).
 
@@ -138,37 +119,86 @@ class MultiHeadAttention(nn.Module):
         ``torch.nn.MultiheadAttention``); padded keys get no weight, and a query whose keys are all
         masked returns the output projection of zeros (finite, never NaN). With ``kv_cache`` the
         new tokens' keys/values are appended to it and the queries attend to everything cached.
+        ``position_ids`` (B or 1, T) are the positions rotary embeddings use (default: after the
+        cached tokens); ignored without rope.
         """
         q, k, v = self._project(x, key_padding_mask, kv_cache)
         offset = kv_cache.length if kv_cache is not None else 0
-        padding = key_padding_mask
-        if kv_cache is not None:
-            k, v, padding = kv_cache.append(k, v, key_padding_mask)
-        mask, empty_rows = _attention_mask(q.shape[2], k.shape[2], offset, padding)
-
+        if self.rope_theta is not None:  # rotary position embeddings (minigpt.rope)
+            q, k = self._rotate(q, k, offset, position_ids)
         dropout_p = self.dropout if self.training else 0.0
-        if mask is None:
-            # Plain causal path: no T x T tensor; a decode step (T == 1) needs no mask at all.
-            is_causal = q.shape[2] > 1
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
+        if self.window is not None:  # sliding window (minigpt.window)
+            y = self._window_attention(q, k, v, key_padding_mask, kv_cache, dropout_p)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-            if empty_rows is not None:
-                y = y.masked_fill(empty_rows, 0.0)
+            padding = key_padding_mask
+            if kv_cache is not None:
+                k, v, padding = kv_cache.append(k, v, key_padding_mask)
+            y = self._causal_attention(q, k, v, offset, padding, dropout_p)
         B, _, T, _ = y.shape
         y = y.transpose(1, 2).reshape(B, T, self.d_out)  # (B, T, C)
         return self.out_proj(y)
 
-    def attention_weights(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+    def _causal_attention(self, q: Tensor, k: Tensor, v: Tensor, offset: int,
+                          padding: Tensor | None, dropout_p: float) -> Tensor:
+        """Full causal attention of T queries at positions offset.. over L keys."""
+        mask, empty_rows = _attention_mask(q.shape[2], k.shape[2], offset, padding)
+        if mask is None:
+            # Plain causal path: no T x T tensor; a decode step (T == 1) needs no mask at all.
+            is_causal = q.shape[2] > 1
+            return self._sdpa(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
+        y = self._sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        return y if empty_rows is None else y.masked_fill(empty_rows, 0.0)
+
+    def _window_attention(self, q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None,
+                          kv_cache: KVCache | None, dropout_p: float) -> Tensor:
+        """Sliding-window attention: banded over a prompt (which the cache then keeps), masked by
+        stream index after cached tokens."""
+        T = q.shape[2]
+        if kv_cache is not None and kv_cache.length > 0:
+            keys, values, padding, key_pos = kv_cache.append_with_positions(k, v, padding)
+            return cached_window_attention(q, keys, values, padding, key_pos, kv_cache.length,
+                                           self.window, dropout_p, self._sdpa)
+        if kv_cache is not None:
+            kv_cache.append_with_positions(k, v, padding)
+        if T <= self.window:  # the window covers the whole sequence: plain causal attention
+            return self._causal_attention(q, k, v, 0, padding, dropout_p)
+        return banded_attention(q, k, v, self.window, padding, dropout_p, self._sdpa)
+
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+              dropout_p: float = 0.0, is_causal: bool = False) -> Tensor:
+        """``F.scaled_dot_product_attention`` for q (..., nh, T, hd) and k, v (..., nkv, L, hd)."""
+        if self.num_kv_heads == self.num_heads:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                                  dropout_p=dropout_p, is_causal=is_causal)
+        *batch, nh, T, hd = q.shape
+        if T == 1 and not is_causal:
+            # Decoding: each group's query heads become queries of its one key/value head, so
+            # the cached keys are read once per group (enable_gqa repeats them per head).
+            grouped = q.reshape(*batch, self.num_kv_heads, nh // self.num_kv_heads, hd)
+            return F.scaled_dot_product_attention(grouped, k, v, attn_mask=attn_mask,
+                                                  dropout_p=dropout_p).view(q.shape)
+        # enable_gqa: the fused kernels read each key/value head for its group, no copies (as
+        # fast as repeating the heads first on the CPU, without their memory; flex_attention
+        # has no CPU backward)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                              is_causal=is_causal, enable_gqa=True)
+
+    def attention_weights(self, x: Tensor, key_padding_mask: Tensor | None = None,
+                          position_ids: Tensor | None = None) -> Tensor:
         """The softmax attention weights (B, nh, T, T) for inspection (no dropout, no cache).
 
         Computed explicitly on request only; ``forward`` never materializes them.
         """
         q, k, _ = self._project(x, key_padding_mask, None)
+        if self.rope_theta is not None:
+            q, k = self._rotate(q, k, 0, position_ids)
+        k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)  # (B, nh, T, hd)
         T = q.shape[2]
-        mask, empty_rows = _attention_mask(T, T, 0, key_padding_mask)
-        if mask is None:
-            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        positions = torch.arange(T, device=x.device)
+        mask = window_mask(positions, positions, self.window)  # (T, T)
+        if key_padding_mask is not None:
+            mask = mask & ~key_padding_mask[:, None, None, :]  # (B, 1, T, T)
+        mask, empty_rows = finite_rows(mask)
         scores = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5  # (B, nh, T, T)
         weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         if empty_rows is not None:
@@ -180,11 +210,28 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         self._check_inputs(x, key_padding_mask, kv_cache)
         B, T, _ = x.shape
+        if self.num_kv_heads != self.num_heads:
+            return self._project_grouped(x)
         qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_dim)  # (B, T, 3, nh, hd)
         # Unbind the (3) axis in place, then transpose: in backward the three gradients are
         # stacked straight into qkv's contiguous layout (permuting first costs one more copy).
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # 3 x (B, nh, T, hd)
         return q, k, v
+
+    def _project_grouped(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Grouped-query projection: q (B, nh, T, hd), k and v (B, nkv, T, hd)."""
+        B, T, _ = x.shape
+        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv(x).view(B, T, nh + 2 * nkv, hd)  # (B, T, nh + 2 nkv, hd)
+        q, k, v = qkv.split([nh, nkv, nkv], dim=2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def _rotate(self, q: Tensor, k: Tensor, offset: int,
+                position_ids: Tensor | None) -> tuple[Tensor, Tensor]:
+        if position_ids is None:
+            position_ids = torch.arange(offset, offset + q.shape[2], device=q.device)[None]
+        cos, sin = rope_angles(position_ids, self.head_dim, self.rope_theta)  # (B, 1, T, hd/2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
     def _check_inputs(self, x: Tensor, key_padding_mask: Tensor | None, kv_cache: KVCache | None):
         if x.dim() != 3 or x.shape[-1] != self.d_in:
@@ -192,8 +239,9 @@ class MultiHeadAttention(nn.Module):
                 f"x must have shape (batch, tokens, d_in={self.d_in}), got {tuple(x.shape)}"
             )
         B, T, _ = x.shape
-        check_context_fits(T + (kv_cache.length if kv_cache is not None else 0),
-                           self.context_length)
+        if not self.unbounded:
+            check_context_fits(T + (kv_cache.length if kv_cache is not None else 0),
+                               self.context_length)
         if key_padding_mask is not None:
             if key_padding_mask.shape != (B, T):
                 raise ValueError(
@@ -204,6 +252,41 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(
                     f"key_padding_mask must be bool (True = padding), got {key_padding_mask.dtype}"
                 )
+
+
+def _check_sizes(d_in, d_out, context_length, num_heads, dropout) -> list[str]:
+    """Problems with the book's constructor arguments."""
+    problems = []
+    for name, value in (("d_in", d_in), ("d_out", d_out), ("context_length", context_length),
+                        ("num_heads", num_heads)):
+        if not isinstance(value, int) or value <= 0:
+            problems.append(f"{name}={value!r} must be a positive integer")
+    if not problems and d_out % num_heads != 0:
+        problems.append(f"d_out={d_out} must be divisible by num_heads={num_heads}")
+    if not 0.0 <= float(dropout) < 1.0:
+        problems.append(f"dropout={dropout} must be in [0, 1)")
+    return problems
+
+
+def _check_variants(head_dim, num_heads, num_kv_heads, rope, rope_theta, window) -> list[str]:
+    """Problems with the variant keywords (for valid sizes)."""
+    problems = [check_kv_heads(num_kv_heads, num_heads), check_window(window)]
+    if rope:
+        problems.append(check_rope_head_dim(head_dim))
+        if isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float)) \
+                or not rope_theta > 0:
+            problems.append(f"rope_theta={rope_theta!r} must be a positive number")
+    return [p for p in problems if p]
+
+
+def check_kv_heads(num_kv_heads, num_heads) -> str | None:
+    """The problem with ``num_kv_heads`` key/value heads for ``num_heads`` query heads, or None."""
+    if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) \
+            or not isinstance(num_heads, int) or not 1 <= num_kv_heads <= max(num_heads, 1):
+        return f"num_kv_heads={num_kv_heads!r} must be an integer in [1, num_heads={num_heads}]"
+    if num_heads % num_kv_heads:
+        return f"num_kv_heads={num_kv_heads} must divide num_heads={num_heads}"
+    return None
 
 
 def check_context_fits(tokens: int, context_length: int) -> None:
@@ -228,17 +311,10 @@ def _attention_mask(
         return None, None
     device = padding.device if padding is not None else None
     query_pos = torch.arange(offset, offset + T, device=device)
-    key_pos = torch.arange(L, device=device)
-    mask = key_pos[None, :] <= query_pos[:, None]  # (T, L)
-    mask = mask[None, None]  # (1, 1, T, L)
+    mask = window_mask(query_pos, torch.arange(L, device=device), None)[None, None]  # (1, 1, T, L)
     if padding is None:
         return mask, None
-    mask = mask & ~padding[:, None, None, :]  # (B, 1, T, L)
-    empty_rows = ~mask.any(dim=-1, keepdim=True)  # (B, 1, T, 1)
-    if empty_rows.any():
-        mask = mask | empty_rows
-        return mask, empty_rows
-    return mask, None
+    return finite_rows(mask & ~padding[:, None, None, :])  # (B, 1, T, L), (B, 1, T, 1) or None
 
 
 def _fuse_book_state_dict(module, state_dict, prefix, *args) -> None:

@@ -35,6 +35,11 @@ _HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name
 _SUPPORTED_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")  # both are GELU, tanh approximation
 # GPTConfig fields a caller may set freely when loading; the others are fixed by the weights.
 _FREE_OVERRIDES = ("dropout", "context_length", "init_std")
+# GPTConfig's attention-variant fields: GPT-2's values (what its format holds), what they name.
+_GPT2_BLOCK = {"num_kv_heads": (None, "grouped-query attention"),
+               "position": ("learned", "rotary position embeddings"),
+               "rope_theta": (10000.0, "rotary position embeddings"),
+               "window": (None, "sliding-window attention")}
 
 # HF suffix (after "h.{i}.") -> ours (after "blocks.{i}."), and whether it is a Conv1D weight.
 _BLOCK_KEYS = {
@@ -148,7 +153,8 @@ def _config_from_hf(hf: dict, overrides: dict, where: Path) -> dict:
     values = dict(vocab_size=hf["vocab_size"], context_length=hf["n_positions"],
                   n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=0.0,
                   bias=True, qkv_bias=True, layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-                  init_std=hf.get("initializer_range", 0.02))
+                  init_std=hf.get("initializer_range", 0.02),
+                  **{name: gpt2 for name, (gpt2, _) in _GPT2_BLOCK.items()})
     for key, value in overrides.items():
         if key not in values:  # values holds every GPTConfig field
             raise ValueError(f"GPTConfig: unknown field(s) [{key!r}]; valid fields are "
@@ -246,6 +252,7 @@ def write_gpt2(path: str | os.PathLike, config: dict, state: dict[str, Tensor]) 
     """
     from safetensors.torch import save_file
 
+    check_gpt2_block(config)
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = _ours_to_hf(state, config["n_embd"], config["n_layer"])
@@ -254,6 +261,19 @@ def write_gpt2(path: str | os.PathLike, config: dict, state: dict[str, Tensor]) 
     hf_config = _hf_config(config, next(iter(tensors.values())).dtype)
     atomic_write(directory / "config.json",
                  lambda tmp: tmp.write_text(json.dumps(hf_config, indent=2) + "\n"))
+
+
+def check_gpt2_block(config: dict) -> None:
+    """Refuse, in one line naming the field, a model whose attention GPT-2's format cannot hold."""
+    for name, (gpt2, what) in _GPT2_BLOCK.items():
+        value = config.get(name, gpt2)
+        if name == "num_kv_heads" and value == config.get("n_head"):
+            continue  # as many key/value heads as heads: plain multi-head attention
+        if name == "rope_theta" and config.get("position", "learned") == "learned":
+            continue  # unused without rope
+        if value != gpt2:
+            raise ValueError(f"cannot export {name}={value!r} ({what}) to Hugging Face GPT-2, "
+                             f"whose block has {name}={gpt2!r}; keep the .ckpt for this model")
 
 
 def _ours_to_hf(state: dict[str, Tensor], C: int, n_layer: int) -> dict[str, Tensor]:

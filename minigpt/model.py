@@ -14,7 +14,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minigpt import hf
-from minigpt.attention import KVCache, MultiHeadAttention, check_context_fits
+from minigpt.attention import (
+    KVCache,
+    MultiHeadAttention,
+    RingKVCache,
+    check_context_fits,
+    check_kv_heads,
+)
+from minigpt.rope import check_rope_head_dim
+from minigpt.window import check_window
+
+POSITIONS = ("learned", "rope")
 
 
 @dataclass
@@ -31,8 +41,18 @@ class GPTConfig:
     qkv_bias: bool = True  # GPT-2 has a QKV bias; the book trains from scratch without one
     layer_norm_eps: float = 1e-5
     init_std: float = 0.02
+    # The attention variants (the defaults are GPT-2's block; see minigpt.attention):
+    num_kv_heads: int | None = None  # key/value heads (grouped-query); None: n_head
+    position: str = "learned"  # learned: a position table (GPT-2); rope: rotary embeddings
+    rope_theta: float = 10000.0  # rope's base wavelength
+    window: int | None = None  # each token attends to its last `window` tokens; None: all
 
     def __post_init__(self):
+        problems = self._size_problems() + self._variant_problems()
+        if problems:
+            raise ValueError("GPTConfig: " + "; ".join(problems))
+
+    def _size_problems(self) -> list[str]:
         problems = []
         for name in ("vocab_size", "context_length", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
@@ -49,8 +69,27 @@ class GPTConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 problems.append(f"{name}={value!r} must be a positive number")
-        if problems:
-            raise ValueError("GPTConfig: " + "; ".join(problems))
+        return problems
+
+    def _variant_problems(self) -> list[str]:
+        problems = []
+        if self.num_kv_heads is not None:
+            problems.append(check_kv_heads(self.num_kv_heads, self.n_head))
+        if self.position not in POSITIONS:
+            problems.append(f"position={self.position!r} must be one of {', '.join(POSITIONS)}")
+        elif self.position == "rope" and isinstance(self.n_head, int) and self.n_head > 0 \
+                and isinstance(self.n_embd, int) and self.n_embd % self.n_head == 0:
+            problems.append(check_rope_head_dim(self.n_embd // self.n_head))
+        theta = self.rope_theta
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+            problems.append(f"rope_theta={theta!r} must be a positive number")
+        problems.append(check_window(self.window))
+        return [p for p in problems if p]
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads per layer (``n_head`` unless grouped)."""
+        return self.n_head if self.num_kv_heads is None else self.num_kv_heads
 
     @classmethod
     def from_dict(cls, values: dict) -> GPTConfig:
@@ -101,29 +140,33 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(C, eps=config.layer_norm_eps, bias=config.bias)
         self.attn = MultiHeadAttention(
             C, C, config.context_length, config.dropout, config.n_head, config.qkv_bias,
-            out_bias=config.bias,
+            out_bias=config.bias, num_kv_heads=config.num_kv_heads,
+            rope=config.position == "rope", rope_theta=config.rope_theta, window=config.window,
         )
         self.norm2 = nn.LayerNorm(C, eps=config.layer_norm_eps, bias=config.bias)
         self.mlp = FeedForward(config)
         self.drop = nn.Dropout(config.dropout)  # on each residual branch, as GPT-2
 
     def forward(
-        self, x: Tensor, key_padding_mask: Tensor | None = None, kv_cache: KVCache | None = None
+        self, x: Tensor, key_padding_mask: Tensor | None = None, kv_cache: KVCache | None = None,
+        position_ids: Tensor | None = None,
     ) -> Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), key_padding_mask, kv_cache))
+        x = x + self.drop(self.attn(self.norm1(x), key_padding_mask, kv_cache, position_ids))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
 class GPT(nn.Module):
     """GPT-2: token + learned position embeddings, ``n_layer`` blocks, final LayerNorm, and an
-    LM head that shares its weight with the token embedding."""
+    LM head that shares its weight with the token embedding. With ``position="rope"`` there is
+    no position table: the attention rotates queries and keys instead."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
         C = config.n_embd
         self.tok_emb = nn.Embedding(config.vocab_size, C)
-        self.pos_emb = nn.Embedding(config.context_length, C)
+        self.pos_emb = nn.Embedding(config.context_length, C) \
+            if config.position == "learned" else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.final_norm = nn.LayerNorm(C, eps=config.layer_norm_eps, bias=config.bias)
@@ -201,39 +244,66 @@ class GPT(nn.Module):
         T = idx.shape[1]
         offset = kv_caches[0].length if kv_caches else 0
         if position_ids is None:
-            check_context_fits(offset + T, self.config.context_length)
+            if not self.unbounded:
+                check_context_fits(offset + T, self.config.context_length)
             position_ids = torch.arange(offset, offset + T, device=idx.device)[None]  # (1, T)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(position_ids))  # (B, T, C)
+        x = self.drop(self._embed(idx, position_ids))  # (B, T, C)
         for i, block in enumerate(self.blocks):
-            x = block(x, key_padding_mask, kv_caches[i] if kv_caches else None)
+            x = block(x, key_padding_mask, kv_caches[i] if kv_caches else None, position_ids)
         return self.final_norm(x)
+
+    def _embed(self, idx: Tensor, position_ids: Tensor) -> Tensor:
+        """Token embeddings plus, for learned positions, the position table's rows (B, T, C)."""
+        if self.pos_emb is None:  # rope: positions enter in the attention
+            return self.tok_emb(idx)
+        return self.tok_emb(idx) + self.pos_emb(position_ids)
+
+    @property
+    def unbounded(self) -> bool:
+        """Rotary positions with a sliding window: any length runs, with a bounded KV cache, so
+        generation goes past ``context_length`` without cropping."""
+        return self.config.position == "rope" and self.config.window is not None
 
     def new_kv_caches(
         self, batch_size: int, capacity: int | None = None, *, device=None, dtype=None
     ) -> list[KVCache]:
-        """One preallocated ``KVCache`` per block, holding up to ``capacity`` tokens."""
+        """One preallocated cache per block, holding up to ``capacity`` tokens
+        (``context_length`` by default). A sliding-window model gets ``RingKVCache``s of
+        ``window`` slots (at most ``capacity`` unless ``unbounded``): their size never grows."""
         c = self.config
         capacity = capacity or c.context_length
+        kind = KVCache
+        if c.window is not None:
+            kind = RingKVCache
+            capacity = c.window if self.unbounded else min(c.window, capacity)
         weight = self.tok_emb.weight
         return [
-            KVCache.empty(batch_size, c.n_head, capacity, c.n_embd // c.n_head,
-                          device=device or weight.device, dtype=dtype or weight.dtype)
+            kind.empty(batch_size, c.kv_heads, capacity, c.n_embd // c.n_head,
+                       device=device or weight.device, dtype=dtype or weight.dtype)
             for _ in range(c.n_layer)
         ]
+
+    def kv_cache_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
+        """Bytes the KV cache holds per cached token (keys and values of every layer)."""
+        c = self.config
+        itemsize = (dtype or self.tok_emb.weight.dtype).itemsize
+        return 2 * c.n_layer * c.kv_heads * (c.n_embd // c.n_head) * itemsize
 
     def num_params(self, include_position: bool = True) -> int:
         """Parameter count with tied weights counted once; optionally without the position
         embeddings (the convention of scaling-law papers)."""
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a tied tensor once
-        if not include_position:
+        if not include_position and self.pos_emb is not None:
             n -= self.pos_emb.weight.numel()
         return n
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token (forward + backward): 6 N for the weights plus 12 L T C for
-        attention scores and their use (Kaplan et al. 2020; PaLM appendix B). For MFU."""
+        attention scores and their use (Kaplan et al. 2020; PaLM appendix B), T capped at the
+        window for sliding-window attention. For MFU."""
         c = self.config
         T = seq_len or c.context_length
+        T = T if c.window is None else min(T, c.window)
         return 6 * self.num_params(include_position=False) + 12 * c.n_layer * T * c.n_embd
 
     # Interop and sampling live in their own modules (minigpt.hf, minigpt.sampling), which never

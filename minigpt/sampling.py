@@ -17,11 +17,17 @@ refills rare (one per ``context_length - crop_to + 1`` new tokens) but shrink th
 history right after each one. So a long prompt never makes generation impossible; only an empty
 one does (start from the end-of-text token).
 
+A model with rotary positions and a sliding window (``model.unbounded``) has no such limit: its
+ring-buffer KV cache keeps the last ``window`` tokens of every layer, so its windows are never
+cropped, generation runs past ``context_length`` with flat memory, and the uncached reference
+runs the model on the whole sequence.
+
 Shape letters: B batch, T prompt tokens, N tokens so far, L window tokens, V vocabulary.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -166,15 +172,15 @@ def generate(
         crop_to: tokens kept when the window is full (see the module docstring).
     """
     validate_sampling(temperature, top_k, top_p)
-    ctx = model.config.context_length
     B, T, pad_counts = _check_generate_inputs(model, idx, max_new_tokens, key_padding_mask,
                                               vocab_size, crop_to)
-    keep = crop_to if crop_to is not None else max(1, ctx // 2)
+    ctx = _window_limit(model)
+    keep = crop_to if crop_to is not None else max(1, model.config.context_length // 2)
     # Window start (a column of `out`) per row, as python ints: no device syncs in the loop.
     starts = [max(pad, T - ctx) for pad in pad_counts]
     if T - ctx > min(pad_counts):
         warnings.warn(f"prompt is longer than context_length={ctx}; conditioning on its last "
-                      f"{ctx} tokens", stacklevel=2)
+                      f"{ctx} tokens", stacklevel=2)  # never for an unbounded model (ctx = inf)
     if max_new_tokens == 0:
         return idx.clone()
     out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
@@ -196,10 +202,10 @@ def _decode(model, out: Tensor, T: int, starts: list[int], keep: int, sample, *,
     """Fill ``out[:, T:]`` one sampled token per step; return the number of columns filled
     (fewer than ``out``'s when every row has produced ``eos_id``)."""
     B, total = out.shape
-    ctx = model.config.context_length
+    ctx = _window_limit(model)
     padded = any(s != starts[0] for s in starts)
     finished = torch.zeros(B, dtype=torch.bool, device=out.device) if eos_id is not None else None
-    caches = model.new_kv_caches(B, ctx) if use_cache else None
+    caches = model.new_kv_caches(B) if use_cache else None
     N = T  # tokens so far: out[:, :N]
     logits = _forward_window(model, out, N, starts, padded, caches) if use_cache else None
     while True:
@@ -228,7 +234,13 @@ def _decode(model, out: Tensor, T: int, starts: list[int], keep: int, sample, *,
             logits = model(out[:, N - 1:N], position_ids=position_ids, kv_caches=caches)
 
 
-def _crop_windows(starts: list[int], N: int, ctx: int, keep: int) -> bool:
+def _window_limit(model) -> float:
+    """The most tokens a row's window may hold: ``context_length``, or no limit (inf) for a
+    model that runs past it (rope + sliding window, see the module docstring)."""
+    return math.inf if getattr(model, "unbounded", False) else model.config.context_length
+
+
+def _crop_windows(starts: list[int], N: int, ctx: float, keep: int) -> bool:
     """Move the start of every row whose window no longer fits ``ctx`` tokens to ``N - keep``,
     in place; return whether any row moved."""
     cropped = False

@@ -10,7 +10,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from minigpt.model import GPT
-from minigpt.train.config import check_config, gpt_config
+from minigpt.train.config import ConfigError, check_config, gpt_config
 from minigpt.train.loggers import build_loggers
 from minigpt.train.trainer import build_trainer
 
@@ -155,3 +155,33 @@ def test_trainer_problems_are_config_errors(tmp_path):
         pytest.skip("this machine has a GPU")
     with pytest.raises(ConfigError, match="trainer: .*(GPU|gpu|CUDA|cuda)"):
         build_trainer(compose_train("trainer=fsdp"), tmp_path, callbacks=[], loggers=[])
+
+
+@pytest.mark.parametrize("attention", options("attention"))
+def test_attention_variants_compose_and_build(attention):
+    cfg = compose_train(f"attention={attention}")
+    check_config(cfg)
+    model = GPT(gpt_config(cfg.model, 128))
+    assert model.num_params() > 1e6
+    assert compose_train(f"attention={attention}", "model=gpt2_small").model.n_head == 12
+
+
+def test_attention_fields_as_command_line_overrides():
+    cfg = compose_train("model.num_kv_heads=1", "model.position=rope", "model.window=128")
+    config = gpt_config(cfg.model, 128)
+    assert (config.kv_heads, config.position, config.window) == (1, "rope", 128)
+    bad = compose_train("model.num_kv_heads=3", "model.window=0")
+    with pytest.raises(ConfigError, match=r"num_kv_heads=3 must divide num_heads=4; window=0"):
+        check_config(bad)
+
+
+def test_the_attention_lab_sweeps_every_variant():
+    cfg = compose_train("experiment=attention_variants")
+    assert cfg.logger.type == "csv" and cfg.model.name == "toy"
+    assert cfg.trainer.max_steps == compose_train().trainer.max_steps  # the default budget
+    swept = (CONFIGS / "experiment" / "attention_variants.yaml").read_text()
+    assert f"attention: {','.join(sorted(options('attention'), key=_lab_order))}" in swept
+
+
+def _lab_order(name: str) -> int:
+    return ["gpt2", "gqa", "mqa", "rope", "window", "rope_window"].index(name)

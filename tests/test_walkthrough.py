@@ -21,16 +21,21 @@ COPIED = ("train.py", "generate.py", "configs", "bench")
 
 # Command prefix -> arguments appended to every line starting with it (later ones win in Hydra
 # and argparse alike). Tiny sizes: the whole page runs in about a minute on 2 busy cores.
+_TRAIN = [
+    "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
+    "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
+    "sample.max_new_tokens=4", "model.n_layer=2", "model.n_head=2", "model.n_embd=32",
+    "model.context_length=64",  # the attention maps' default prompt is 60 characters
+    "data.batch_size=4", "data.val_tokens=256",
+]
 SHRINK = {
-    "python train.py": " ".join([
-        "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
-        "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
-        "sample.max_new_tokens=4", "model.n_layer=2", "model.n_head=2", "model.n_embd=32",
-        "model.context_length=64",  # the attention maps' default prompt is 60 characters
-        "data.batch_size=4", "data.val_tokens=256",
-    ]),
+    # the attention lab: two of its variants (first: the more specific prefix wins)
+    "python train.py -m experiment=attention_variants": " ".join(
+        [*_TRAIN, "attention=gpt2,rope_window", "threads=1"]),
+    "python train.py": " ".join(_TRAIN),
     "python generate.py": "max_new_tokens=8",
     "python bench/attention.py": "--shape 8x256x384/6 --warmup 1 --repeats 1",
+    "python bench/attention_runs.py": "--repeats 1 --new-tokens 4",
 }
 
 _BLOCK = re.compile(
@@ -64,6 +69,10 @@ def test_doc_blocks_are_found_and_shrunk():
     assert any(line.startswith("python -m minigpt.viz attention") for line in commands)
     assert any(line.startswith("python -m minigpt.viz runs") for line in commands)
     assert any(line.startswith("python bench/attention.py") for line in commands)
+    assert any(line.startswith("python train.py -m experiment=attention_variants")
+               for line in commands)
+    assert shrink("python train.py -m experiment=attention_variants").endswith(
+        "attention=gpt2,rope_window threads=1")
     assert not any(line.rstrip().endswith("\\") for line in commands)  # one command a line
     assert shrink("python train.py seed=1").endswith(SHRINK["python train.py"])
 
@@ -112,5 +121,6 @@ def test_walkthrough_commands_run(tmp_path, monkeypatch, capsys):
     with capsys.disabled():
         print("\n" + "\n".join(timings))
     # the pictures the commands promise exist
-    for png in ("attention_layers.png", "attention_heads.png", "runs.png"):
+    for png in ("attention_layers.png", "attention_heads.png", "runs.png",
+                "attention_variants.png"):
         assert (tmp_path / png).stat().st_size > 10_000, png

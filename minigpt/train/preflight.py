@@ -46,10 +46,12 @@ class MemoryEstimate:
 
 
 def num_parameters(n_layer: int, n_embd: int, vocab_size: int, context_length: int,
-                   position: str = "learned") -> int:
-    """GPT-2's parameter count (biases included, LM head tied to the token embedding)."""
+                   position: str = "learned", kv_fraction: float = 1.0) -> int:
+    """GPT-2's parameter count (biases included, LM head tied to the token embedding);
+    ``kv_fraction``: key/value heads per head (grouped-query attention shrinks the projection)."""
     C = n_embd
     per_block = 12 * C * C + 13 * C  # qkv, out_proj, fc, proj (+ biases), two LayerNorms
+    per_block -= round(2 * C * (1 - kv_fraction)) * (C + 1)  # keys and values of fewer heads
     positions = context_length * C if position == "learned" else 0
     return vocab_size * C + positions + n_layer * per_block + 2 * C
 
@@ -64,7 +66,8 @@ def estimate_training_memory(model: dict, batch_size: int, *, precision: str = "
     ``chunked_loss``: the LM-head loss of ``minigpt.cpu`` (no full logits) instead of plain
     cross-entropy on (B, T, V) logits."""
     L, C, V, T = (model[k] for k in ("n_layer", "n_embd", "vocab_size", "context_length"))
-    P = num_parameters(L, C, V, T, model.get("position", "learned"))
+    kv_fraction = (model.get("num_kv_heads") or model["n_head"]) / model["n_head"]
+    P = num_parameters(L, C, V, T, model.get("position", "learned"), kv_fraction)
     mixed, half_weights = precision.endswith("-mixed"), precision.endswith("-true") and \
         not precision.startswith("32") and not precision.startswith("64")
     weight_bytes = 2 if half_weights else 4

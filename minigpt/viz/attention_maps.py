@@ -35,10 +35,11 @@ def attention_maps(
     maps: list[Tensor] = []
 
     def capture(attn, args, kwargs):
-        # Block.forward calls attn(x, key_padding_mask, kv_cache); accept keywords too.
+        # Block.forward calls attn(x, key_padding_mask, kv_cache, position_ids); accept keywords.
         x = args[0] if args else kwargs["x"]
         mask = args[1] if len(args) > 1 else kwargs.get("key_padding_mask")
-        maps.append(attn.attention_weights(x, mask))  # (B, nh, T, T)
+        positions = args[3] if len(args) > 3 else kwargs.get("position_ids")
+        maps.append(attn.attention_weights(x, mask, positions))  # (B, nh, T, T)
 
     was_training = model.training
     handles = [b.attn.register_forward_pre_hook(capture, with_kwargs=True) for b in model.blocks]

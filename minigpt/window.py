@@ -1,0 +1,115 @@
+"""Sliding-window causal attention: each query sees its last ``window`` keys (itself included).
+
+Training and prompts (``banded_attention``): the queries go in chunks of ``C`` tokens, and chunk
+``j`` attends to the ``window + C`` keys that end with its last token, under one small
+(chunks, C, window + C) mask. Memory and work grow as T * (window + C), not T * T, and no
+(T, T) mask is built. Why not the alternatives: ``flex_attention`` has no backward on the CPU
+(torch 2.13), and SDPA with a dense (T, T) band mask is slower than full causal attention; the
+chunks beat full causal SDPA at T=2048, window=256 on the CPU (``bench/attention.py --variants``).
+A sequence no longer than the window is plain causal attention and takes that path.
+
+Decoding: a ``RingKVCache`` of ``window`` slots holds exactly the keys a new token may see, so
+one-token steps need no mask at all; a chunk after cached tokens gets an explicit (T, L) mask
+from the stream indices of its keys.
+
+Shape letters: B batch, nh query heads, nkv key/value heads, T tokens, L keys, hd head dim,
+n chunks, C chunk length, W window.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+CHUNK = 128  # queries per chunk: shorter is less work, longer overlaps fewer key spans (memory)
+
+
+def check_window(window) -> str | None:
+    """The problem with a ``window`` value, or None (None itself means full causal attention)."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                               or window < 1):
+        return f"window={window!r} must be a positive integer (or null for full causal attention)"
+    return None
+
+
+def window_mask(query_pos: Tensor, key_pos: Tensor, window: int | None) -> Tensor:
+    """(T, L) bool, True where the query at stream index ``query_pos`` may attend to the key at
+    ``key_pos``: causal, within the last ``window`` tokens (any distance for None), not empty
+    (index -1)."""
+    distance = query_pos[:, None] - key_pos[None, :]  # (T, L)
+    allowed = (distance >= 0) & (key_pos[None, :] >= 0)
+    return allowed if window is None else allowed & (distance < window)
+
+
+def finite_rows(mask: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Let a query with no visible key see them all (softmax stays finite); return the mask and
+    those rows (..., 1), whose outputs the caller zeroes, or None when there are none."""
+    empty = ~mask.any(dim=-1, keepdim=True)
+    if empty.any():
+        return mask | empty, empty
+    return mask, None
+
+
+def banded_attention(q: Tensor, k: Tensor, v: Tensor, window: int, padding: Tensor | None,
+                     dropout_p: float, sdpa) -> Tensor:
+    """Sliding-window causal attention of q (B, nh, T, hd) over k, v (B, nkv, T, hd) from
+    position 0, with ``padding`` (B, T) True at padded keys; returns (B, nh, T, hd).
+
+    ``sdpa`` is the caller's ``scaled_dot_product_attention`` (it handles nkv < nh)."""
+    B, nh, T, hd = q.shape
+    C = min(CHUNK, window)
+    n = -(-T // C)  # chunks; the last one is padded with queries whose outputs are dropped
+    qc = F.pad(q, (0, 0, 0, n * C - T)).view(B, nh, n, C, hd).transpose(1, 2)  # (B, n, nh, C, hd)
+    qc = qc.reshape(B * n, nh, C, hd)
+    kc, vc = (_key_spans(t, window, C, n) for t in (k, v))  # (B * n, nkv, W + C, hd)
+    mask = _band(window, C, n, q.device)  # (n, C, W + C)
+    if padding is not None:
+        keep = ~F.pad(padding, (window, n * C - T), value=True).unfold(1, window + C, C)
+        mask = mask & keep[:, :, None, :]  # (B, n, C, W + C)
+    mask, empty = finite_rows(mask.expand(B, n, C, window + C).reshape(B * n, 1, C, window + C))
+    y = sdpa(qc, kc, vc, attn_mask=mask, dropout_p=dropout_p)  # (B * n, nh, C, hd)
+    if empty is not None:
+        y = y.masked_fill(empty, 0.0)
+    y = y.view(B, n, nh, C, hd).transpose(1, 2).reshape(B, nh, n * C, hd)
+    return y[:, :, :T]
+
+
+def _key_spans(t: Tensor, window: int, C: int, n: int) -> Tensor:
+    """For each chunk j, the W + C keys at stream indices jC - W .. jC + C - 1 (zeros before the
+    start): (B * n, nkv, W + C, hd)."""
+    B, nkv, T, hd = t.shape
+    padded = F.pad(t, (0, 0, window, n * C - T))  # (B, nkv, W + n C, hd)
+    spans = padded.unfold(2, window + C, C)  # (B, nkv, n, hd, W + C), a view
+    return spans.permute(0, 2, 1, 4, 3).reshape(B * n, nkv, window + C, hd)
+
+
+def _band(window: int, C: int, n: int, device) -> Tensor:
+    """(n, C, W + C) bool: query a of chunk j (index jC + a) may see span key b (index
+    jC - W + b): causal (b <= a + W), within the window (b > a) and not before the start."""
+    a = torch.arange(C, device=device)[:, None]
+    b = torch.arange(window + C, device=device)[None, :]
+    j = torch.arange(n, device=device)[:, None, None]
+    return (b <= a + window) & (b > a) & (b >= window - j * C)
+
+
+def cached_window_attention(q: Tensor, keys: Tensor, values: Tensor, padding: Tensor | None,
+                            key_pos: Tensor, end: int, window: int, dropout_p: float,
+                            sdpa) -> Tensor:
+    """The queries q (B, nh, T, hd) of the stream's last T tokens (indices end - T .. end - 1)
+    over the L keys of a cache, whose stream indices are ``key_pos`` (L,), with their
+    ``padding`` (B, L) or None."""
+    T, L = q.shape[2], keys.shape[2]
+    if T == 1 and L <= window:  # one query and every cached key inside its window
+        mask = None
+    else:
+        query_pos = torch.arange(end - T, end, device=q.device)
+        mask = window_mask(query_pos, key_pos, window)  # (T, L)
+    if padding is not None:
+        visible = ~padding[:, None, None, :]  # (B, 1, 1, L)
+        mask = visible if mask is None else mask & visible  # (B, 1, T, L)
+    if mask is None:
+        return sdpa(q, keys, values, dropout_p=dropout_p)
+    mask, empty = finite_rows(mask)
+    y = sdpa(q, keys, values, attn_mask=mask, dropout_p=dropout_p)
+    return y if empty is None else y.masked_fill(empty, 0.0)
