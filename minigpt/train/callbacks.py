@@ -106,7 +106,9 @@ class SampleText(L.Callback):
     ``samples.txt`` and logs it (a growing table on wandb, text on other loggers).
 
     Runs on every rank with the same seed (sharded models need all ranks in the forward pass),
-    with its own generator so the training RNG streams are untouched."""
+    with its own generator so the training RNG streams are untouched, and inside the precision
+    plugin's forward context (autocast under mixed precision) like the training and validation
+    steps: under FSDP the gathered root parameters are float32 while the blocks unshard in bf16."""
 
     def __init__(self, tokenizer, path: str | Path, prompt: str = "\n", max_new_tokens: int = 200,
                  temperature: float = 0.8, top_k: int | None = None, seed: int = 0):
@@ -130,7 +132,8 @@ class SampleText(L.Callback):
             generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
             idx = torch.tensor([self._prompt_ids()], device=pl_module.device)  # (1, T)
             idx = idx[:, -model.config.context_length:]
-            with gathered_parameters(getattr(trainer.strategy, "model", None)):
+            with gathered_parameters(getattr(trainer.strategy, "model", None)), \
+                    trainer.precision_plugin.forward_context():
                 out = generate(model, idx, self.max_new_tokens, temperature=self.temperature,
                                top_k=self.top_k, generator=generator,
                                vocab_size=self.tokenizer.vocab_size)

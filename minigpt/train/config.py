@@ -46,8 +46,10 @@ def check_config(cfg: DictConfig) -> None:
     accumulate = t.get("accumulate_grad_batches", 1)
     if not isinstance(accumulate, int) or accumulate < 1:
         problems.append(f"trainer.accumulate_grad_batches={accumulate!r} must be a positive integer")
-    for key in ("batch_size", "num_workers", "val_tokens"):
-        value, low = cfg.data.get(key), 0 if key == "num_workers" else 1
+    if cfg.get("compile", "auto") not in ("auto", True, False):
+        problems.append(f"compile={cfg.get('compile')!r} must be auto, true or false")
+    for key in ("batch_size", "num_workers", "val_tokens", "tokens_per_step"):
+        value, low = cfg.data.get(key), 0 if key == "num_workers" else 1  # null: not set
         if value is not None and (not isinstance(value, int) or value < low):
             problems.append(f"data.{key}={value!r} must be an integer >= {low}")
     problems += _device_problems(t)

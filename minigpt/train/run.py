@@ -35,6 +35,7 @@ from minigpt.data import (
 )
 from minigpt.model import GPT
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
+from minigpt.train.batch import BatchPlan
 from minigpt.train.callbacks import (
     CheckpointOnInterrupt,
     SampleText,
@@ -42,7 +43,7 @@ from minigpt.train.callbacks import (
     gathered_parameters,
 )
 from minigpt.train.config import ConfigError, check_config, gpt_config
-from minigpt.train.device import default_precision, resolve_accelerator
+from minigpt.train.device import compile_enabled, default_precision, resolve_accelerator
 from minigpt.train.lit import LitGPT
 from minigpt.train.loggers import build_loggers
 from minigpt.train.model_init import init_model, padded_vocab_size
@@ -77,12 +78,13 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     if resume is not None:
         check_resume_matches(resume, model_config, setup.tokenizer.to_dict())
     check_run_fits(cfg, model_config)  # again with the exact vocabulary and architecture
-    apply_cpu_speedups(setup.model, cfg)
+    compiled = compile_enabled(cfg.compile, cfg.trainer.get("accelerator"))
+    apply_cpu_speedups(setup.model, cfg, compiled)
     # Same initial weights on every rank (above); from here each rank draws its own dropout masks.
     L.seed_everything(cfg.seed + rank_zero_only.rank, workers=True, verbose=False)
     lit = LitGPT(
         setup.model, OmegaConf.to_container(cfg.optim, resolve=True), setup.tokenizer.to_dict(),
-        compile=cfg.compile, peak_flops=cfg.get("peak_flops"),
+        compile=compiled, peak_flops=cfg.get("peak_flops"),
         bytes_per_token=bytes_per_token(setup.datamodule.directory, setup.meta, setup.tokenizer,
                                         setup.data_cfg.val_tokens),
     )
@@ -94,7 +96,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     interrupt = CheckpointOnInterrupt(ckpt_dir / "last.ckpt")
     callbacks = [checkpoints, interrupt, *_standard_callbacks(cfg, setup.tokenizer, run_dir),
                  *callbacks]
-    trainer = build_trainer(cfg, run_dir, callbacks, loggers=[])  # its checks first, then wandb
+    trainer = build_trainer(cfg, run_dir, callbacks, loggers=[],  # its checks first, then wandb
+                            context_length=setup.model.config.context_length)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["model"]["vocab_size"] = setup.model.config.vocab_size
     trainer.loggers = build_loggers(cfg.logger, run_dir, resolved)
@@ -157,7 +160,7 @@ def preflight(cfg: DictConfig, resume: ResumePoint | None) -> None:
     check_run_fits(cfg, model_config)
 
 
-def apply_cpu_speedups(model: GPT, cfg: DictConfig) -> list[str]:
+def apply_cpu_speedups(model: GPT, cfg: DictConfig, compiled: bool = False) -> list[str]:
     """``minigpt.cpu.speed_up_training`` for a CPU run unless ``cpu_speedups=false``; logs what
     it applied. Called once, after the model is built and before compiling or FSDP wrapping."""
     accelerator = resolve_accelerator(cfg.trainer.get("accelerator", "auto"))
@@ -166,7 +169,7 @@ def apply_cpu_speedups(model: GPT, cfg: DictConfig) -> list[str]:
     from minigpt.cpu import speed_up_training
 
     precision = cfg.trainer.get("precision") or default_precision(accelerator)
-    applied = speed_up_training(model, precision=str(precision), compiled=bool(cfg.compile))
+    applied = speed_up_training(model, precision=str(precision), compiled=compiled)
     rank_zero_info(f"cpu speedups: {', '.join(applied) or 'none apply'}")
     return applied
 
@@ -205,10 +208,18 @@ def _describe(run_dir: Path, setup: Setup, trainer: L.Trainer, ckpt_path: str | 
         f"run dir: {run_dir}\nmodel: {model.num_params() / 1e6:.2f}M parameters, "
         f"{model.config}\ndata: {setup.data_cfg.name}, tokenizer {tokenizer.name} (vocab "
         f"{tokenizer.vocab_size}, model vocab {model.config.vocab_size}), "
-        f"{setup.meta['train_tokens']:,} train tokens\nprecision: {trainer.precision}, devices: "
+        f"{setup.meta['train_tokens']:,} train tokens\nbatch: {batch_description(trainer, setup)}"
+        f"\nprecision: {trainer.precision}, devices: "
         f"{trainer.num_devices} x {trainer.num_nodes} node(s), strategy: "
         f"{type(trainer.strategy).__name__}" + (f"\nresuming from {ckpt_path}" if ckpt_path else "")
     )
+
+
+def batch_description(trainer: L.Trainer, setup: Setup) -> str:
+    """What one optimizer step trains on, e.g. ``4 x 32 tokens x 2 micro-batch(es) x 2
+    process(es) = 512 tokens per step``."""
+    return BatchPlan(setup.data_cfg.batch_size, setup.model.config.context_length,
+                     trainer.accumulate_grad_batches, trainer.world_size).describe()
 
 
 def _finish(trainer: L.Trainer, model: GPT, run_dir: Path, checkpoints: ModelCheckpoint) -> dict:

@@ -299,12 +299,14 @@ def test_ddp_two_cpu_processes(tmp_path, data_root):
 
 
 def test_fsdp_two_cpu_processes(tmp_path, data_root):
-    """trainer=fsdp through Lightning on 2 CPU processes: tests/train/fsdp_cpu_train.py lifts only the
-    device guards that keep Lightning's FSDP on GPUs."""
+    """trainer=fsdp through Lightning on 2 CPU processes under bf16-mixed (as on GPUs):
+    tests/train/fsdp_cpu_train.py lifts only the device guards that keep Lightning's FSDP on
+    GPUs."""
     result = _train_py(
         tmp_path, *TINY, f"data_root={data_root}", "trainer=fsdp", "trainer.accelerator=cpu",
         "trainer.devices=2", "trainer.max_steps=4", "trainer.val_check_interval=2",
-        "logger=csv", timeout=180, script=ROOT / "tests" / "train" / "fsdp_cpu_train.py",
+        "trainer.precision=bf16-mixed", "logger=csv", timeout=180,
+        script=ROOT / "tests" / "train" / "fsdp_cpu_train.py",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "strategy: CPUFSDPStrategy" in result.stdout + result.stderr
@@ -316,6 +318,7 @@ def test_fsdp_two_cpu_processes(tmp_path, data_root):
         for rank, value in re.findall(r"rank (\d): parameter checksum (\S+)", log.read_text()):
             sums[rank] = value
     assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], sums  # gathered, the ranks agree
+    assert "samples are off" not in result.stdout + result.stderr
     samples = (run_dir / "samples.txt").read_text()  # sampling gathered the sharded weights
     assert "--- step 2 ---" in samples and "--- step 4 ---" in samples
     # One full (gathered) checkpoint that our reader loads into a plain GPT: the trained weights.
