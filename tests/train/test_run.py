@@ -298,6 +298,56 @@ def test_ddp_two_cpu_processes(tmp_path, data_root):
     assert ckpt["global_step"] == 4 and len(ckpt["rng_states"]) == 2
 
 
+class MicroBatchCounter(L.Callback):
+    """Micro-batches per optimizer step, and the accumulation the trainer ran with."""
+
+    def __init__(self):
+        self.per_step: dict[int, int] = {}
+        self.accumulate = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.accumulate = trainer.accumulate_grad_batches
+        step = trainer.global_step + (0 if trainer.fit_loop._should_accumulate() else -1)
+        self.per_step[step + 1] = self.per_step.get(step + 1, 0) + 1
+
+
+def _csv_tokens(run_dir: Path) -> dict[int, float]:
+    rows = csv.DictReader((run_dir / "csv" / "metrics.csv").open())
+    return {int(r["step"]) + 1: float(r["tokens"]) for r in rows if r["tokens"]}
+
+
+def test_tokens_per_step_on_2_processes_and_resume_on_another_layout(tmp_path, data_root):
+    """data.tokens_per_step=512 with micro-batches of 4 x 32: 2 micro-batches on each of 2 DDP
+    processes, 4 in one process; a checkpoint from 2 processes resumes in 1 and the reverse."""
+    recipe = [*TINY, f"data_root={data_root}", "data.tokens_per_step=512", "logger=csv",
+              "trainer.val_check_interval=1"]  # last.ckpt after every step
+    ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
+    two = tmp_path / "two"
+    result = _train_py(tmp_path, *recipe, *ddp, "trainer.max_steps=3", f"hydra.run.dir={two}",
+                       timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert "4 x 32 tokens x 2 micro-batch(es) x 2 process(es) = 512 tokens per step" in out
+    assert _csv_tokens(two) == {1: 512, 2: 1024, 3: 1536}  # the logged tokens per step
+
+    # the same command in one process: twice the micro-batches, every step whole after resume
+    counter = MicroBatchCounter()
+    one = run(tiny_cfg(data_root, "data.tokens_per_step=512", "logger=csv",
+                       "trainer.val_check_interval=1", "trainer.max_steps=5",
+                       f"ckpt_path={two / 'checkpoints/last.ckpt'}"), tmp_path / "one",
+              callbacks=[counter])
+    assert counter.accumulate == 4 and counter.per_step == {4: 4, 5: 4}
+    assert one["steps"] == 5 and _csv_tokens(tmp_path / "one") == {4: 2048, 5: 2560}
+    assert math.isfinite(one["val_loss"])
+
+    back = tmp_path / "back"  # and from 1 process back to 2
+    result = _train_py(tmp_path, *recipe, *ddp, "trainer.max_steps=6", f"hydra.run.dir={back}",
+                       f"ckpt_path={one['last']}", timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _csv_tokens(back) == {6: 3072}
+    assert torch.load(back / "checkpoints/last.ckpt", weights_only=True)["global_step"] == 6
+
+
 def test_fsdp_two_cpu_processes(tmp_path, data_root):
     """trainer=fsdp through Lightning on 2 CPU processes under bf16-mixed (as on GPUs):
     tests/train/fsdp_cpu_train.py lifts only the device guards that keep Lightning's FSDP on
