@@ -160,8 +160,23 @@ class SampleText(L.Callback):
 
 
 class StepProgressBar(TQDMProgressBar):
-    """Lightning's bar, labelled by step: "epochs" of an endless stream mean nothing."""
+    """Lightning's bar, labelled by step: "epochs" of an endless stream mean nothing.
+
+    On a GPU it refreshes every ``log_every_n_steps`` optimizer steps, not every micro-batch:
+    each refresh reads ``train/loss`` back from the device, a sync that stalls the queue of
+    kernels the CPU has run ahead with."""
+
+    def setup(self, trainer, pl_module, stage):
+        super().setup(trainer, pl_module, stage)
+        if trainer.strategy.root_device.type == "cuda":
+            self._refresh_rate = refresh_batches(trainer.log_every_n_steps,
+                                                 trainer.accumulate_grad_batches)
 
     def on_train_epoch_start(self, trainer, *args):
         super().on_train_epoch_start(trainer, *args)
         self.train_progress_bar.set_description("train")
+
+
+def refresh_batches(log_every_n_steps: int, accumulate: int) -> int:
+    """Micro-batches between progress-bar refreshes on a GPU: one per logging interval."""
+    return max(1, log_every_n_steps) * accumulate

@@ -121,6 +121,19 @@ def test_wandb_login_detection_and_fallback(tmp_path, monkeypatch, data_root):
     assert [type(lg).__name__ for lg in loggers] == ["CSVLogger"]
 
 
+def test_cpu_speedups_and_keep_freed_memory_on_cpu_runs_only(data_root, monkeypatch):
+    import minigpt.cpu
+    from minigpt.train.run import apply_cpu_speedups
+
+    calls = []
+    monkeypatch.setattr(minigpt.cpu, "speed_up_training", lambda *a, **k: calls.append(k) or [])
+    model = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=1, n_head=2, n_embd=16))
+    assert apply_cpu_speedups(model, tiny_cfg(data_root, "trainer.accelerator=gpu")) == []
+    assert calls == []  # a GPU rank keeps glibc's default allocator and the plain loss
+    apply_cpu_speedups(model, tiny_cfg(data_root), compiled=True)
+    assert calls == [{"precision": "32-true", "compiled": True}]
+
+
 # ---- real runs -------------------------------------------------------------------------------
 
 def test_end_to_end_run_writes_checkpoints_metrics_and_samples(tmp_path, data_root):
