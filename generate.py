@@ -44,7 +44,7 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
             raise ValueError("attention_map needs a prompt: give prompt=... or prompt_file=...")
         _info(write_attention_map(model, tokenizer, ids[-ctx:], cfg.attention_map,
                                   cfg.attention_layer, source))
-    applied = _place(model, device, getattr(torch, dtype), cfg.cpu_speedups)
+    applied = place_model(model, device, getattr(torch, dtype), cfg.cpu_speedups)
     start = ids or [tokenizer.eot_id]  # an empty prompt starts a new document
     if len(start) > ctx:
         _info(f"prompt has {len(start)} tokens but the model sees at most context_length={ctx}: "
@@ -90,7 +90,7 @@ def decoding_dtype(name: str, device: str) -> str:
     return "bfloat16" if torch.cuda.is_bf16_supported(including_emulation=False) else "float16"
 
 
-def _place(model, device: str, dtype, cpu_speedups) -> list[str]:
+def place_model(model, device: str, dtype, cpu_speedups) -> list[str]:
     """Move ``model`` to ``device`` in ``dtype``; on the CPU (``cpu_speedups=auto``) pack its
     linear weights in that dtype instead, activations staying float32. What was applied."""
     import torch

@@ -137,11 +137,11 @@ def test_wandb_logger_builds_without_network(tmp_path, monkeypatch):
 
 def test_fsdp_wraps_each_block(tmp_path, monkeypatch):
     # FSDP needs CUDA; check the strategy we hand Lightning instead of running it.
+    from types import SimpleNamespace
+
     import lightning as L
 
     from minigpt.model import Block
-
-    from types import SimpleNamespace
 
     seen = {}
 
