@@ -49,6 +49,10 @@ def read_checkpoint(path, map_location="cpu") -> dict:
     import torch
 
     path = Path(path)
+    if _is_sharded(path):
+        raise CheckpointError(f"{path} is a sharded FSDP checkpoint (a directory); read its model "
+                              f"from {path.parent / 'model.ckpt'}, written at the end of the run "
+                              f"or by `python -m minigpt.checkpoint consolidate {path}`")
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}" + (" (a directory; name the .ckpt file)"
                                                               if path.is_dir() else ""))
@@ -112,6 +116,12 @@ def load_checkpoint(path, map_location="cpu"):
     return model.eval(), tokenizer, meta
 
 
+def _is_sharded(path: Path) -> bool:
+    from minigpt.consolidate import is_sharded_checkpoint
+
+    return is_sharded_checkpoint(path)
+
+
 def find_latest_checkpoint(root="outputs") -> Path:
     """The most recently modified ``last.ckpt`` anywhere under ``root``."""
     root = Path(root)
@@ -141,3 +151,11 @@ def load_model(ckpt_path=None, pretrained=None, checkpoints_root="outputs"):
     model, tokenizer, _ = load_checkpoint(path)
     return model, tokenizer, str(path)
 
+
+
+if __name__ == "__main__":  # python -m minigpt.checkpoint consolidate RUN_DIR
+    import sys
+
+    from minigpt.consolidate import main
+
+    sys.exit(main())

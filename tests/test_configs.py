@@ -155,7 +155,7 @@ def test_fsdp_wraps_each_block(tmp_path, monkeypatch):
     strategy = seen["strategy"]
     assert type(strategy).__name__ == "FSDPStrategy"
     assert strategy.kwargs["use_orig_params"] is True
-    assert strategy._state_dict_type == "full"
+    assert strategy._state_dict_type == "sharded"
     policy = strategy.kwargs["auto_wrap_policy"]
     assert set(policy._module_classes) == {Block}
     # bf16 matmuls, but gradients reduced and buffers kept in float32

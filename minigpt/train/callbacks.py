@@ -1,5 +1,7 @@
-"""Lightning glue that is not the model's business: atomic checkpoint files, a checkpoint on
-Ctrl-C / SIGTERM, a text sample at each validation, a progress bar counted in steps."""
+"""Lightning glue that is not the model's business: atomic checkpoint files, ``last`` linked to
+``best`` when they hold the same state, a checkpoint on Ctrl-C / SIGTERM, a consolidated model
+file after sharded FSDP training, a text sample at each validation, a progress bar counted in
+steps."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
@@ -33,6 +35,57 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, lambda tmp: torch.save(checkpoint, tmp))
+
+
+def unlink_if_link(trainer, path) -> None:
+    """Remove ``path`` if it is a symbolic link (``last`` pointing at ``best``), so that a
+    checkpoint written there replaces the link rather than going into ``best``. Collective."""
+    if trainer.is_global_zero and os.path.islink(path):
+        os.remove(path)
+    trainer.strategy.barrier()
+
+
+class LinkingModelCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` (``best`` by val/loss, and ``last``) writing each state
+    once: when validation improved, ``last`` becomes a link to the ``best`` just written rather
+    than a second copy (GPT-2 small's weights and Adam state are 1.5 GB; under FSDP a directory of
+    shards); otherwise ``last`` is written itself, replacing any old link.
+
+    Lightning's own ``save_last="link"`` links to the newest top-k file even when this step wrote
+    none, which would leave ``last`` on an older state."""
+
+    def _save_last_checkpoint(self, trainer, monitor_candidates) -> None:
+        if not self.save_last:
+            return
+        best_is_now = bool(self._last_checkpoint_saved) and \
+            self._last_global_step_saved == trainer.global_step
+        if not best_is_now:
+            unlink_if_link(trainer, self.format_checkpoint_name(monitor_candidates,
+                                                                self.CHECKPOINT_NAME_LAST))
+        self.save_last = "link" if best_is_now else True
+        super()._save_last_checkpoint(trainer, monitor_candidates)
+
+
+class ModelFileAtEnd(L.Callback):
+    """After training with sharded FSDP checkpoints: ``last.ckpt`` (a directory of shards) at the
+    final step, and its model-only ``model.ckpt`` consolidated by rank 0 for ``generate.py``."""
+
+    def __init__(self, ckpt_dir: str | Path):
+        self.ckpt_dir = Path(ckpt_dir)
+
+    def on_train_end(self, trainer, pl_module):
+        from minigpt.consolidate import METADATA_FILE, consolidate
+
+        last = self.ckpt_dir / "last.ckpt"
+        saved_step = None
+        if trainer.is_global_zero and (last / METADATA_FILE).is_file():
+            saved_step = torch.load(last / METADATA_FILE, weights_only=True).get("global_step")
+        if trainer.strategy.broadcast(saved_step) != trainer.global_step:
+            unlink_if_link(trainer, last)
+            trainer.save_checkpoint(last)
+        if trainer.is_global_zero:
+            rank_zero_info(f"consolidated the model into {consolidate(last)}")
+        trainer.strategy.barrier()
 
 
 class CheckpointOnInterrupt(L.Callback):
@@ -77,6 +130,7 @@ class CheckpointOnInterrupt(L.Callback):
         if trainer.global_step == 0:
             rank_zero_info(f"{self.signal_name} before the first step: no checkpoint written")
             return
+        unlink_if_link(trainer, self.path)
         trainer.save_checkpoint(self.path)
         rank_zero_info(f"{self.signal_name}: saved {self.path} at step {trainer.global_step}; "
                        f"resume with `python train.py ckpt_path={self.path}`")

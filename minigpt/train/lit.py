@@ -174,8 +174,10 @@ class LitGPT(L.LightningModule):
             checkpoint["rng_states"] = [states]
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        # Checkpoints written by a module compiled with torch.compile(...) still load.
-        checkpoint["state_dict"] = strip_compiled_prefix(checkpoint["state_dict"])
+        # Checkpoints written by a module compiled with torch.compile(...) still load. (A
+        # sharded FSDP checkpoint arrives here without its tensors: FSDP loaded them already.)
+        if "state_dict" in checkpoint:
+            checkpoint["state_dict"] = strip_compiled_prefix(checkpoint["state_dict"])
         # Written by another number of processes: the same tokens per step may now take another
         # number of micro-batches, and Lightning counts micro-batches.
         accumulate = self.trainer.accumulate_grad_batches if self._trainer is not None else 1

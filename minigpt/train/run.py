@@ -20,12 +20,12 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from minigpt.checkpoint import find_latest_checkpoint
+from minigpt.consolidate import is_sharded_checkpoint
 from minigpt.data import (
     DataConfig,
     TokenDataModule,
@@ -38,6 +38,8 @@ from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
 from minigpt.train.batch import BatchPlan
 from minigpt.train.callbacks import (
     CheckpointOnInterrupt,
+    LinkingModelCheckpoint,
+    ModelFileAtEnd,
     SampleText,
     StepProgressBar,
     gathered_parameters,
@@ -89,13 +91,16 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
                                         setup.data_cfg.val_tokens),
     )
     ckpt_dir = run_dir / "checkpoints"
-    checkpoints = ModelCheckpoint(
+    checkpoints = LinkingModelCheckpoint(
         dirpath=ckpt_dir, filename="best", monitor="val/loss", mode="min", save_top_k=1,
         save_last=True, auto_insert_metric_name=False, enable_version_counter=False,
+        save_on_train_epoch_end=False,  # after validations: the endless stream has no epochs
     )
     interrupt = CheckpointOnInterrupt(ckpt_dir / "last.ckpt")
     callbacks = [checkpoints, interrupt, *_standard_callbacks(cfg, setup.tokenizer, run_dir),
                  *callbacks]
+    if sharded_checkpoints(cfg):
+        callbacks.append(ModelFileAtEnd(ckpt_dir))
     trainer = build_trainer(cfg, run_dir, callbacks, loggers=[],  # its checks first, then wandb
                             context_length=setup.model.config.context_length)
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -222,7 +227,14 @@ def batch_description(trainer: L.Trainer, setup: Setup) -> str:
                      trainer.accumulate_grad_batches, trainer.world_size).describe()
 
 
-def _finish(trainer: L.Trainer, model: GPT, run_dir: Path, checkpoints: ModelCheckpoint) -> dict:
+def sharded_checkpoints(cfg: DictConfig) -> bool:
+    """FSDP with a checkpoint per rank (the default for ``trainer=fsdp``)."""
+    fsdp = cfg.trainer.get("fsdp") or {}
+    return cfg.trainer.get("strategy") == "fsdp" and fsdp.get("state_dict_type") == "sharded"
+
+
+def _finish(trainer: L.Trainer, model: GPT, run_dir: Path,
+            checkpoints: LinkingModelCheckpoint) -> dict:
     """The run's summary (also ``summary.json``), after a parameter checksum every rank logs to
     its own file: under DDP (and FSDP, gathered) the ranks must agree."""
     with gathered_parameters(getattr(trainer.strategy, "model", None), recurse=True):
@@ -251,7 +263,7 @@ def resolve_ckpt_path(ckpt_path: str | None, root: Path) -> str | None:
     if ckpt_path == "last":
         return str(find_latest_checkpoint(root))
     path = Path(ckpt_path).expanduser()
-    if not path.is_file():
+    if not path.is_file() and not is_sharded_checkpoint(path):
         raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
     return str(path)
 

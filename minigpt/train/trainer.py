@@ -34,7 +34,9 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list, loggers: list
             auto_wrap_policy={Block},
             activation_checkpointing_policy={Block} if fsdp.get("activation_checkpointing") else None,
             sharding_strategy=fsdp.get("sharding_strategy", "FULL_SHARD"),
-            state_dict_type="full",  # one .ckpt file that generate.py reads
+            # sharded: each rank writes its shard (resumes on any number of processes);
+            # full: one .ckpt gathered into rank 0's memory
+            state_dict_type=fsdp.get("state_dict_type", "sharded"),
             use_orig_params=True,
             mixed_precision=fsdp_mixed_precision(t["precision"]),
         )

@@ -19,7 +19,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from minigpt.checkpoint import load_checkpoint
+from minigpt.checkpoint import CheckpointError, load_checkpoint
+from minigpt.consolidate import is_sharded_checkpoint
 from minigpt.model import GPT, GPTConfig
 from minigpt.tokenizer import get_tokenizer
 from minigpt.train.config import ConfigError
@@ -396,35 +397,58 @@ def test_tokens_per_step_on_2_processes_and_resume_on_another_layout(tmp_path, d
     assert torch.load(back / "checkpoints/last.ckpt", weights_only=True)["global_step"] == 6
 
 
-def test_fsdp_two_cpu_processes(tmp_path, data_root):
-    """trainer=fsdp through Lightning on 2 CPU processes under bf16-mixed (as on GPUs):
-    tests/train/fsdp_cpu_train.py lifts only the device guards that keep Lightning's FSDP on
-    GPUs."""
-    result = _train_py(
+def _fsdp_train_py(tmp_path, data_root, *args):
+    return _train_py(
         tmp_path, *TINY, f"data_root={data_root}", "trainer=fsdp", "trainer.accelerator=cpu",
-        "trainer.devices=2", "trainer.max_steps=4", "trainer.val_check_interval=2",
-        "trainer.precision=bf16-mixed", "logger=csv", timeout=180,
-        script=ROOT / "tests" / "train" / "fsdp_cpu_train.py",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "strategy: CPUFSDPStrategy" in result.stdout + result.stderr
-    run_dirs = [p.parent for p in (tmp_path / "outputs").rglob(".hydra")]
-    assert len(run_dirs) == 1, run_dirs
-    run_dir = run_dirs[0]
+        "trainer.val_check_interval=2", "trainer.precision=bf16-mixed", "logger=csv", *args,
+        timeout=180, script=ROOT / "tests" / "train" / "fsdp_cpu_train.py")
+
+
+def _checksums(run_dir: Path) -> dict[str, str]:
     sums = {}
     for log in run_dir.glob("*.log"):
         for rank, value in re.findall(r"rank (\d): parameter checksum (\S+)", log.read_text()):
             sums[rank] = value
+    return sums
+
+
+def test_fsdp_two_cpu_processes_sharded_checkpoints(tmp_path, data_root):
+    """trainer=fsdp through Lightning on 2 CPU processes under bf16-mixed (as on GPUs):
+    tests/train/fsdp_cpu_train.py lifts only the device guards that keep Lightning's FSDP on
+    GPUs. Samples work; each rank writes its shard; the end of the run consolidates the model for
+    generate.py; the sharded checkpoint resumes in one process."""
+    run_dir = tmp_path / "two"
+    result = _fsdp_train_py(tmp_path, data_root, "trainer.devices=2", "trainer.max_steps=5",
+                            f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert "strategy: CPUFSDPStrategy" in out and "samples are off" not in out
+    sums = _checksums(run_dir)
     assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], sums  # gathered, the ranks agree
-    assert "samples are off" not in result.stdout + result.stderr
     samples = (run_dir / "samples.txt").read_text()  # sampling gathered the sharded weights
     assert "--- step 2 ---" in samples and "--- step 4 ---" in samples
-    # One full (gathered) checkpoint that our reader loads into a plain GPT: the trained weights.
-    model, _, _ = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
-    ckpt = torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)
-    assert ckpt["global_step"] == 4
+    ckpt_dir = run_dir / "checkpoints"
+    last = ckpt_dir / "last.ckpt"
+    assert is_sharded_checkpoint(last) and not last.is_symlink()  # step 5: saved at the end
+    assert torch.load(last / "meta.pt", weights_only=True)["global_step"] == 5
+    with pytest.raises(CheckpointError, match="sharded FSDP checkpoint.*consolidate"):
+        load_checkpoint(last)
+    # The consolidated model file: the trained weights, read by generate.py's loader.
+    model, _, _ = load_checkpoint(ckpt_dir / "model.ckpt")
     assert float(sums["0"]) == pytest.approx(
-        sum(float(p.double().sum()) for p in model.parameters()), rel=1e-9)
+        sum(float(p.detach().double().sum()) for p in model.parameters()), rel=1e-9)
+    from minigpt.consolidate import main as checkpoint_cli
+
+    assert checkpoint_cli(["consolidate", str(run_dir), "--out", str(tmp_path / "m.ckpt")]) == 0
+    again, _, _ = load_checkpoint(tmp_path / "m.ckpt")
+    for a, b in zip(model.parameters(), again.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+
+    one = tmp_path / "one"  # 2 processes' shards resume in 1 (DCP reshards on load)
+    result = _fsdp_train_py(tmp_path, data_root, "trainer.devices=1", "trainer.max_steps=6",
+                            f"hydra.run.dir={one}", f"ckpt_path={last}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert torch.load(one / "checkpoints/last.ckpt/meta.pt", weights_only=True)["global_step"] == 6
 
 
 def test_lightning_tips_are_dropped_and_our_messages_kept(caplog):
