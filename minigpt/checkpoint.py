@@ -147,7 +147,8 @@ def find_latest_checkpoint(root="outputs") -> Path:
 def load_model(ckpt_path=None, pretrained=None, checkpoints_root="outputs"):
     """``(model, tokenizer, source)`` for the sampling and viz entry points, in eval mode:
     a Hugging Face GPT-2 directory (``pretrained``, GPT-2's tokenizer), a training checkpoint
-    (``ckpt_path``), or else the newest ``last.ckpt`` under ``checkpoints_root``."""
+    (``ckpt_path``), or else the newest ``last.ckpt`` under ``checkpoints_root``; for a sharded
+    FSDP checkpoint, the ``model.ckpt`` consolidated from it."""
     if ckpt_path is not None and pretrained is not None:
         raise ValueError("give ckpt_path or pretrained, not both")
     if pretrained is not None:
@@ -156,9 +157,11 @@ def load_model(ckpt_path=None, pretrained=None, checkpoints_root="outputs"):
 
         return GPT.from_pretrained(str(pretrained)).eval(), get_tokenizer("gpt2"), str(pretrained)
     path = ckpt_path if ckpt_path is not None else find_latest_checkpoint(checkpoints_root)
+    from minigpt.consolidate import model_file_for
+
+    path = model_file_for(path)  # a sharded FSDP checkpoint: the model file consolidated from it
     model, tokenizer, _ = load_checkpoint(path)
     return model, tokenizer, str(path)
-
 
 
 if __name__ == "__main__":  # python -m minigpt.checkpoint consolidate RUN_DIR

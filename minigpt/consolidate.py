@@ -27,6 +27,17 @@ def is_sharded_checkpoint(path) -> bool:
     return path.is_dir() and (path / METADATA_FILE).is_file()
 
 
+def model_file_for(path) -> Path:
+    """``path``, or for a sharded checkpoint the ``model.ckpt`` beside it when that was written
+    from it or later (else ``path``, whose reader then says how to consolidate)."""
+    path = Path(path)
+    model_file = path.parent / MODEL_FILE
+    if is_sharded_checkpoint(path) and model_file.is_file() and \
+            model_file.stat().st_mtime >= (path / METADATA_FILE).stat().st_mtime:
+        return model_file
+    return path
+
+
 def read_sharded_model(path) -> dict:
     """A checkpoint dict (``state_dict`` with the model's weights, ``minigpt`` metadata,
     ``global_step``) from a sharded checkpoint directory, without the optimizer state."""

@@ -441,6 +441,9 @@ def test_fsdp_two_cpu_processes_sharded_checkpoints(tmp_path, data_root):
 
     assert checkpoint_cli(["consolidate", str(run_dir), "--out", str(tmp_path / "m.ckpt")]) == 0
     again, _, _ = load_checkpoint(tmp_path / "m.ckpt")
+    from minigpt.checkpoint import load_model
+
+    assert load_model(checkpoints_root=run_dir)[2] == str(ckpt_dir / "model.ckpt")  # generate.py
     for a, b in zip(model.parameters(), again.parameters(), strict=True):
         torch.testing.assert_close(a, b)
 
