@@ -205,9 +205,9 @@ def train_py_run(plan: Plan, work: Path, processes: int = 1) -> dict:
             f"hydra.run.dir={work / name}", "logger=csv", "sample.max_new_tokens=8",
             "trainer.enable_progress_bar=false", f"trainer.max_steps={plan.run_steps}",
             f"trainer.val_check_interval={plan.run_steps}", "trainer.limit_val_batches=1",
-            "trainer.log_every_n_steps=1"]
+            "trainer.log_every_n_steps=1", f"trainer.devices={processes}"]
     if processes > 1:
-        args += ["trainer=ddp", f"trainer.devices={processes}"]
+        args.append("trainer.strategy=ddp")
     result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=work,
                             capture_output=True, text=True, timeout=1800)
     output = result.stdout + result.stderr
