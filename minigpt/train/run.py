@@ -55,7 +55,7 @@ from minigpt.train.preflight import (
     vocab_before_data,
 )
 from minigpt.train.resume import ResumePoint, check_resume_matches, read_resume_point
-from minigpt.train.trainer import build_trainer
+from minigpt.train.trainer import build_trainer, sharded_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -209,28 +209,17 @@ def _standard_callbacks(cfg: DictConfig, tokenizer: Tokenizer, run_dir: Path) ->
 
 def _describe(run_dir: Path, setup: Setup, trainer: L.Trainer, ckpt_path: str | None) -> str:
     model, tokenizer = setup.model, setup.tokenizer
+    batch = BatchPlan(setup.data_cfg.batch_size, model.config.context_length,
+                      trainer.accumulate_grad_batches, trainer.world_size)
     return (
         f"run dir: {run_dir}\nmodel: {model.num_params() / 1e6:.2f}M parameters, "
         f"{model.config}\ndata: {setup.data_cfg.name}, tokenizer {tokenizer.name} (vocab "
         f"{tokenizer.vocab_size}, model vocab {model.config.vocab_size}), "
-        f"{setup.meta['train_tokens']:,} train tokens\nbatch: {batch_description(trainer, setup)}"
-        f"\nprecision: {trainer.precision}, devices: "
+        f"{setup.meta['train_tokens']:,} train tokens\nbatch: {batch.describe()}\nprecision: "
+        f"{trainer.precision}, devices: "
         f"{trainer.num_devices} x {trainer.num_nodes} node(s), strategy: "
         f"{type(trainer.strategy).__name__}" + (f"\nresuming from {ckpt_path}" if ckpt_path else "")
     )
-
-
-def batch_description(trainer: L.Trainer, setup: Setup) -> str:
-    """What one optimizer step trains on, e.g. ``4 x 32 tokens x 2 micro-batch(es) x 2
-    process(es) = 512 tokens per step``."""
-    return BatchPlan(setup.data_cfg.batch_size, setup.model.config.context_length,
-                     trainer.accumulate_grad_batches, trainer.world_size).describe()
-
-
-def sharded_checkpoints(cfg: DictConfig) -> bool:
-    """FSDP with a checkpoint per rank (the default for ``trainer=fsdp``)."""
-    fsdp = cfg.trainer.get("fsdp") or {}
-    return cfg.trainer.get("strategy") == "fsdp" and fsdp.get("state_dict_type") == "sharded"
 
 
 def _finish(trainer: L.Trainer, model: GPT, run_dir: Path,

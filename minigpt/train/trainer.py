@@ -36,7 +36,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list, loggers: list
             sharding_strategy=fsdp.get("sharding_strategy", "FULL_SHARD"),
             # sharded: each rank writes its shard (resumes on any number of processes);
             # full: one .ckpt gathered into rank 0's memory
-            state_dict_type=fsdp.get("state_dict_type", "sharded"),
+            state_dict_type="sharded" if sharded_checkpoints(cfg) else "full",
             use_orig_params=True,
             mixed_precision=fsdp_mixed_precision(t["precision"]),
         )
@@ -68,3 +68,10 @@ def apply_batch_plan(trainer: L.Trainer, cfg: DictConfig, context_length: int) -
     trainer.val_check_interval = batches_between_checks(cfg.trainer.get("val_check_interval"),
                                                         plan.accumulate)
     return plan
+
+
+def sharded_checkpoints(cfg: DictConfig) -> bool:
+    """FSDP writing a checkpoint shard per rank (``trainer.fsdp.state_dict_type``, default
+    ``sharded``) rather than one ``full`` file gathered on rank 0."""
+    fsdp = cfg.trainer.get("fsdp") or {}
+    return cfg.trainer.get("strategy") == "fsdp" and fsdp.get("state_dict_type", "sharded") == "sharded"
