@@ -13,7 +13,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 SEPARATOR = "\n---------------\n"
 
 
@@ -30,6 +30,7 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
     prompt = _read_prompt(cfg)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" \
         else cfg.device
+    dtype = decoding_dtype(cfg.dtype, device)
     model, tokenizer, source = load_model(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root)
     ctx, num_params = model.config.context_length, model.num_params()
     if tokenizer.vocab_size > model.config.vocab_size:
@@ -43,14 +44,14 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
             raise ValueError("attention_map needs a prompt: give prompt=... or prompt_file=...")
         _info(write_attention_map(model, tokenizer, ids[-ctx:], cfg.attention_map,
                                   cfg.attention_layer, source))
-    applied = _place(model, device, getattr(torch, cfg.dtype), cfg.cpu_speedups)
+    applied = place_model(model, device, getattr(torch, dtype), cfg.cpu_speedups)
     start = ids or [tokenizer.eot_id]  # an empty prompt starts a new document
     if len(start) > ctx:
         _info(f"prompt has {len(start)} tokens but the model sees at most context_length={ctx}: "
               f"conditioning on the last {ctx}")
         start = start[-ctx:]
     _info(f"{source}: {num_params / 1e6:.2f}M parameters, tokenizer {tokenizer.name!r}, "
-          f"context {ctx}, {device} {cfg.dtype}; cpu speedups: {', '.join(applied) or 'none'}; "
+          f"context {ctx}, {device} {dtype}; cpu speedups: {', '.join(applied) or 'none'}; "
           f"{cfg.num_samples} sample(s) of up to {cfg.max_new_tokens} tokens")
 
     stream = cfg.num_samples == 1 if cfg.stream is None else bool(cfg.stream)
@@ -74,7 +75,22 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
     return samples
 
 
-def _place(model, device: str, dtype, cpu_speedups) -> list[str]:
+def decoding_dtype(name: str, device: str) -> str:
+    """``dtype=auto``: bfloat16 weights on a GPU that multiplies bf16 natively (float16 on older
+    ones), float32 on the CPU. On a GPU, float32 matmuls that remain use TF32 (this process)."""
+    import torch
+
+    on_gpu = str(device).startswith("cuda")
+    if on_gpu:
+        torch.set_float32_matmul_precision("high")
+    if name != "auto":
+        return name
+    if not on_gpu:
+        return "float32"
+    return "bfloat16" if torch.cuda.is_bf16_supported(including_emulation=False) else "float16"
+
+
+def place_model(model, device: str, dtype, cpu_speedups) -> list[str]:
     """Move ``model`` to ``device`` in ``dtype``; on the CPU (``cpu_speedups=auto``) pack its
     linear weights in that dtype instead, activations staying float32. What was applied."""
     import torch

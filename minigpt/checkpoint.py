@@ -34,14 +34,15 @@ class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be read: missing, not minigpt's, or from another format version."""
 
 
-def read_checkpoint(path, map_location="cpu") -> dict:
+def read_checkpoint(path, map_location="cpu", *, sharded: bool = False) -> dict:
     """A training checkpoint's dict, checked to be one minigpt can rebuild a model from.
 
     Reads with ``torch.load(weights_only=True)``: tensors and plain types only, never code (and
     memory-mapped, so checking a large file costs little). Raises ``FileNotFoundError`` for a
     missing file and ``CheckpointError`` (one line each) for a file that is unreadable, not a
     minigpt checkpoint, or has a ``format_version`` this code does not read. ``train.py``'s
-    resume and ``generate.py`` both read through here.
+    resume and ``generate.py`` both read through here. ``sharded=True`` (resuming) also takes a
+    sharded FSDP checkpoint directory and returns its non-tensor part (no ``state_dict``).
     """
     import pickle
     import zipfile
@@ -49,6 +50,15 @@ def read_checkpoint(path, map_location="cpu") -> dict:
     import torch
 
     path = Path(path)
+    shards = _is_sharded(path)
+    if shards and not sharded:
+        raise CheckpointError(f"{path} is a sharded FSDP checkpoint (a directory); read its model "
+                              f"from {path.parent / 'model.ckpt'}, written at the end of the run "
+                              f"or by `python -m minigpt.checkpoint consolidate {path}`")
+    if shards:
+        from minigpt.consolidate import METADATA_FILE
+
+        path = path / METADATA_FILE  # the weights are checked when FSDP loads its shards
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}" + (" (a directory; name the .ckpt file)"
                                                               if path.is_dir() else ""))
@@ -82,6 +92,8 @@ def read_checkpoint(path, map_location="cpu") -> dict:
         if not isinstance(meta.get(key), dict):
             raise CheckpointError(f"{path} has minigpt metadata without its {key!r}")
     state = checkpoint.get("state_dict")
+    if shards:
+        return checkpoint
     if not isinstance(state, dict) or not any(k.startswith(MODEL_PREFIX) for k in state):
         raise CheckpointError(f"{path} has no model weights (no keys starting with "
                               f"{MODEL_PREFIX!r} in its state_dict)")
@@ -112,6 +124,12 @@ def load_checkpoint(path, map_location="cpu"):
     return model.eval(), tokenizer, meta
 
 
+def _is_sharded(path: Path) -> bool:
+    from minigpt.consolidate import is_sharded_checkpoint
+
+    return is_sharded_checkpoint(path)
+
+
 def find_latest_checkpoint(root="outputs") -> Path:
     """The most recently modified ``last.ckpt`` anywhere under ``root``."""
     root = Path(root)
@@ -129,7 +147,8 @@ def find_latest_checkpoint(root="outputs") -> Path:
 def load_model(ckpt_path=None, pretrained=None, checkpoints_root="outputs"):
     """``(model, tokenizer, source)`` for the sampling and viz entry points, in eval mode:
     a Hugging Face GPT-2 directory (``pretrained``, GPT-2's tokenizer), a training checkpoint
-    (``ckpt_path``), or else the newest ``last.ckpt`` under ``checkpoints_root``."""
+    (``ckpt_path``), or else the newest ``last.ckpt`` under ``checkpoints_root``; for a sharded
+    FSDP checkpoint, the ``model.ckpt`` consolidated from it."""
     if ckpt_path is not None and pretrained is not None:
         raise ValueError("give ckpt_path or pretrained, not both")
     if pretrained is not None:
@@ -138,6 +157,16 @@ def load_model(ckpt_path=None, pretrained=None, checkpoints_root="outputs"):
 
         return GPT.from_pretrained(str(pretrained)).eval(), get_tokenizer("gpt2"), str(pretrained)
     path = ckpt_path if ckpt_path is not None else find_latest_checkpoint(checkpoints_root)
+    from minigpt.consolidate import model_file_for
+
+    path = model_file_for(path)  # a sharded FSDP checkpoint: the model file consolidated from it
     model, tokenizer, _ = load_checkpoint(path)
     return model, tokenizer, str(path)
 
+
+if __name__ == "__main__":  # python -m minigpt.checkpoint consolidate RUN_DIR
+    import sys
+
+    from minigpt.consolidate import main
+
+    sys.exit(main())

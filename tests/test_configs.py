@@ -10,6 +10,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from minigpt.model import GPT
+from minigpt.train.batch import batch_plan
 from minigpt.train.config import ConfigError, check_config, gpt_config
 from minigpt.train.loggers import build_loggers
 from minigpt.train.trainer import build_trainer
@@ -83,8 +84,11 @@ def test_experiments_compose(experiment):
 
 def test_gpt2_owt_is_nanogpt_like():
     cfg = compose_train("experiment=gpt2_owt")
-    tokens = cfg.data.batch_size * cfg.model.context_length * cfg.trainer.accumulate_grad_batches
-    assert 0.45e6 < tokens < 0.55e6
+    tokens = cfg.data.tokens_per_step
+    assert 0.45e6 < tokens < 0.55e6 and cfg.trainer.accumulate_grad_batches == 1  # derived
+    for gpus, accumulate in ((1, 40), (8, 5)):
+        plan = batch_plan(tokens, 1, cfg.data.batch_size, cfg.model.context_length, gpus)
+        assert plan.accumulate == accumulate and plan.tokens_per_step == tokens
     assert (cfg.model.name, cfg.data.name) == ("gpt2_small", "openwebtext")
     assert (cfg.optim.lr, cfg.optim.min_lr) == (6e-4, 6e-5) and cfg.optim.warmup_steps > 0
 
@@ -133,19 +137,31 @@ def test_wandb_logger_builds_without_network(tmp_path, monkeypatch):
 
 def test_fsdp_wraps_each_block(tmp_path, monkeypatch):
     # FSDP needs CUDA; check the strategy we hand Lightning instead of running it.
+    from types import SimpleNamespace
+
     import lightning as L
 
     from minigpt.model import Block
 
     seen = {}
-    monkeypatch.setattr(L, "Trainer", lambda **kw: seen.update(kw))
-    build_trainer(compose_train("trainer=fsdp"), tmp_path, callbacks=[], loggers=[])
+
+    def fake_trainer(**kw):
+        seen.update(kw)
+        return SimpleNamespace(world_size=1)
+
+    monkeypatch.setattr(L, "Trainer", fake_trainer)
+    build_trainer(compose_train("trainer=fsdp", "trainer.precision=bf16-mixed"), tmp_path,
+                  callbacks=[], loggers=[])
     strategy = seen["strategy"]
     assert type(strategy).__name__ == "FSDPStrategy"
     assert strategy.kwargs["use_orig_params"] is True
-    assert strategy._state_dict_type == "full"
+    assert strategy._state_dict_type == "sharded"
     policy = strategy.kwargs["auto_wrap_policy"]
     assert set(policy._module_classes) == {Block}
+    # bf16 matmuls, but gradients reduced and buffers kept in float32
+    mixed = strategy.mixed_precision
+    assert (mixed.param_dtype, mixed.reduce_dtype, mixed.buffer_dtype) == \
+        (torch.bfloat16, torch.float32, torch.float32)
 
 
 def test_trainer_problems_are_config_errors(tmp_path):

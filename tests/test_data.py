@@ -507,6 +507,9 @@ def test_batches_are_shifted_windows_of_the_token_file(char_data):
     tokens = open_tokens(root / "shakespeare_char", "train")
     for b, (x, y) in enumerate(take(dm.train_dataloader(), 3)):
         assert x.shape == y.shape == (4, 16) and x.dtype == y.dtype == torch.int64
+        # each its own contiguous tensor: pinned whole, copied to a GPU without blocking
+        assert x.is_contiguous() and y.is_contiguous()
+        assert x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
         for row, start in enumerate(window_starts(7, 0, b, 4, len(tokens), 16)):
             np.testing.assert_array_equal(x[row].numpy(), tokens[start:start + 16])
             np.testing.assert_array_equal(y[row].numpy(), tokens[start + 1:start + 17])

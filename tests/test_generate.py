@@ -316,3 +316,19 @@ def test_train_then_generate(tmp_path, monkeypatch):
     assert samples[0].startswith("ROMEO:") and printed == samples[0] + "\n"
     model, tokenizer, _ = load_checkpoint(summary["last"])
     assert tokenizer.name == "char" and model.config.context_length == 32
+
+
+def test_decoding_dtype_auto_is_bf16_weights_on_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    precision = torch.get_float32_matmul_precision()
+    try:
+        assert generate_cli.decoding_dtype("auto", "cpu") == "float32"
+        assert torch.get_float32_matmul_precision() == precision  # the CPU is left alone
+        assert generate_cli.decoding_dtype("auto", "cuda") == "bfloat16"
+        assert torch.get_float32_matmul_precision() == "high"  # TF32 for float32 matmuls
+        assert generate_cli.decoding_dtype("float32", "cuda") == "float32"
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True:
+                            including_emulation)  # emulated only: a V100
+        assert generate_cli.decoding_dtype("auto", "cuda:0") == "float16"
+    finally:
+        torch.set_float32_matmul_precision(precision)

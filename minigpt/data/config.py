@@ -48,7 +48,8 @@ class DataConfig:
     val_split: str = "tail"  # [prepare] tail: last fraction of each document; document: whole docs
     num_proc: int = 1  # processes for datasets.map (tokenizer threads fill the remaining cores)
     cache_dir: str | None = None  # datasets cache for files/hub (None: the Hugging Face default)
-    batch_size: int = 32  # training micro-batch size
+    batch_size: int = 32  # training micro-batch size (per process)
+    tokens_per_step: int | None = None  # global batch in tokens; None: trainer.accumulate_grad_batches
     val_batch_size: int | None = None  # default: batch_size
     num_workers: int = 0  # DataLoader workers
     val_tokens: int = 65536  # validation token budget: val_tokens // context_length fixed windows
@@ -77,7 +78,7 @@ class DataConfig:
         for key, low in (("num_proc", 1), ("batch_size", 1), ("num_workers", 0), ("val_tokens", 1)):
             value = getattr(self, key)
             bad(not isinstance(value, int) or value < low, f"{key}={value!r} must be an integer >= {low}")
-        for key in ("max_documents", "max_tokens", "val_batch_size"):
+        for key in ("max_documents", "max_tokens", "val_batch_size", "tokens_per_step"):
             value = getattr(self, key)
             bad(value is not None and (not isinstance(value, int) or value < 1),
                 f"{key}={value!r} must be null or an integer >= 1")

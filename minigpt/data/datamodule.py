@@ -55,8 +55,12 @@ class _Windows(IterableDataset):
 
     def _batch(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         idx = starts[:, None] + np.arange(self.T + 1)  # (B, T+1)
-        chunk = torch.from_numpy(tokens[idx].astype(np.int64))  # (B, T+1)
-        return chunk[:, :-1], chunk[:, 1:]  # (B, T), (B, T)
+        chunk = tokens[idx].astype(np.int64)  # (B, T+1)
+        # Two contiguous tensors, not two views of one: the DataLoader pins each as it is, and
+        # only a contiguous pinned tensor copies to the GPU asynchronously (non_blocking).
+        x = torch.from_numpy(np.ascontiguousarray(chunk[:, :-1]))  # (B, T)
+        y = torch.from_numpy(np.ascontiguousarray(chunk[:, 1:]))  # (B, T)
+        return x, y
 
     def _open(self) -> tuple[np.ndarray, int, int]:
         info = get_worker_info()

@@ -1,5 +1,7 @@
-"""Lightning glue that is not the model's business: atomic checkpoint files, a checkpoint on
-Ctrl-C / SIGTERM, a text sample at each validation, a progress bar counted in steps."""
+"""Lightning glue that is not the model's business: atomic checkpoint files, ``last`` linked to
+``best`` when they hold the same state, a checkpoint on Ctrl-C / SIGTERM, a consolidated model
+file after sharded FSDP training, a text sample at each validation, a progress bar counted in
+steps."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
@@ -33,6 +35,57 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, lambda tmp: torch.save(checkpoint, tmp))
+
+
+def unlink_if_link(trainer, path) -> None:
+    """Remove ``path`` if it is a symbolic link (``last`` pointing at ``best``), so that a
+    checkpoint written there replaces the link rather than going into ``best``. Collective."""
+    if trainer.is_global_zero and os.path.islink(path):
+        os.remove(path)
+    trainer.strategy.barrier()
+
+
+class LinkingModelCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` (``best`` by val/loss, and ``last``) writing each state
+    once: when validation improved, ``last`` becomes a link to the ``best`` just written rather
+    than a second copy (GPT-2 small's weights and Adam state are 1.5 GB; under FSDP a directory of
+    shards); otherwise ``last`` is written itself, replacing any old link.
+
+    Lightning's own ``save_last="link"`` links to the newest top-k file even when this step wrote
+    none, which would leave ``last`` on an older state."""
+
+    def _save_last_checkpoint(self, trainer, monitor_candidates) -> None:
+        if not self.save_last:
+            return
+        best_is_now = bool(self._last_checkpoint_saved) and \
+            self._last_global_step_saved == trainer.global_step
+        if not best_is_now:
+            unlink_if_link(trainer, self.format_checkpoint_name(monitor_candidates,
+                                                                self.CHECKPOINT_NAME_LAST))
+        self.save_last = "link" if best_is_now else True
+        super()._save_last_checkpoint(trainer, monitor_candidates)
+
+
+class ModelFileAtEnd(L.Callback):
+    """After training with sharded FSDP checkpoints: ``last.ckpt`` (a directory of shards) at the
+    final step, and its model-only ``model.ckpt`` consolidated by rank 0 for ``generate.py``."""
+
+    def __init__(self, ckpt_dir: str | Path):
+        self.ckpt_dir = Path(ckpt_dir)
+
+    def on_train_end(self, trainer, pl_module):
+        from minigpt.consolidate import METADATA_FILE, consolidate
+
+        last = self.ckpt_dir / "last.ckpt"
+        saved_step = None
+        if trainer.is_global_zero and (last / METADATA_FILE).is_file():
+            saved_step = torch.load(last / METADATA_FILE, weights_only=True).get("global_step")
+        if trainer.strategy.broadcast(saved_step) != trainer.global_step:
+            unlink_if_link(trainer, last)
+            trainer.save_checkpoint(last)
+        if trainer.is_global_zero:
+            rank_zero_info(f"consolidated the model into {consolidate(last)}")
+        trainer.strategy.barrier()
 
 
 class CheckpointOnInterrupt(L.Callback):
@@ -77,6 +130,7 @@ class CheckpointOnInterrupt(L.Callback):
         if trainer.global_step == 0:
             rank_zero_info(f"{self.signal_name} before the first step: no checkpoint written")
             return
+        unlink_if_link(trainer, self.path)
         trainer.save_checkpoint(self.path)
         rank_zero_info(f"{self.signal_name}: saved {self.path} at step {trainer.global_step}; "
                        f"resume with `python train.py ckpt_path={self.path}`")
@@ -106,7 +160,9 @@ class SampleText(L.Callback):
     ``samples.txt`` and logs it (a growing table on wandb, text on other loggers).
 
     Runs on every rank with the same seed (sharded models need all ranks in the forward pass),
-    with its own generator so the training RNG streams are untouched."""
+    with its own generator so the training RNG streams are untouched, and inside the precision
+    plugin's forward context (autocast under mixed precision) like the training and validation
+    steps: under FSDP the gathered root parameters are float32 while the blocks unshard in bf16."""
 
     def __init__(self, tokenizer, path: str | Path, prompt: str = "\n", max_new_tokens: int = 200,
                  temperature: float = 0.8, top_k: int | None = None, seed: int = 0):
@@ -130,7 +186,8 @@ class SampleText(L.Callback):
             generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
             idx = torch.tensor([self._prompt_ids()], device=pl_module.device)  # (1, T)
             idx = idx[:, -model.config.context_length:]
-            with gathered_parameters(getattr(trainer.strategy, "model", None)):
+            with gathered_parameters(getattr(trainer.strategy, "model", None)), \
+                    trainer.precision_plugin.forward_context():
                 out = generate(model, idx, self.max_new_tokens, temperature=self.temperature,
                                top_k=self.top_k, generator=generator,
                                vocab_size=self.tokenizer.vocab_size)
@@ -157,8 +214,23 @@ class SampleText(L.Callback):
 
 
 class StepProgressBar(TQDMProgressBar):
-    """Lightning's bar, labelled by step: "epochs" of an endless stream mean nothing."""
+    """Lightning's bar, labelled by step: "epochs" of an endless stream mean nothing.
+
+    On a GPU it refreshes every ``log_every_n_steps`` optimizer steps, not every micro-batch:
+    each refresh reads ``train/loss`` back from the device, a sync that stalls the queue of
+    kernels the CPU has run ahead with."""
+
+    def setup(self, trainer, pl_module, stage):
+        super().setup(trainer, pl_module, stage)
+        if trainer.strategy.root_device.type == "cuda":
+            self._refresh_rate = refresh_batches(trainer.log_every_n_steps,
+                                                 trainer.accumulate_grad_batches)
 
     def on_train_epoch_start(self, trainer, *args):
         super().on_train_epoch_start(trainer, *args)
         self.train_progress_bar.set_description("train")
+
+
+def refresh_batches(log_every_n_steps: int, accumulate: int) -> int:
+    """Micro-batches between progress-bar refreshes on a GPU: one per logging interval."""
+    return max(1, log_every_n_steps) * accumulate

@@ -46,11 +46,14 @@ def check_config(cfg: DictConfig) -> None:
     accumulate = t.get("accumulate_grad_batches", 1)
     if not isinstance(accumulate, int) or accumulate < 1:
         problems.append(f"trainer.accumulate_grad_batches={accumulate!r} must be a positive integer")
-    for key in ("batch_size", "num_workers", "val_tokens"):
-        value, low = cfg.data.get(key), 0 if key == "num_workers" else 1
+    if cfg.get("compile", "auto") not in ("auto", True, False):
+        problems.append(f"compile={cfg.get('compile')!r} must be auto, true or false")
+    for key in ("batch_size", "num_workers", "val_tokens", "tokens_per_step"):
+        value, low = cfg.data.get(key), 0 if key == "num_workers" else 1  # null: not set
         if value is not None and (not isinstance(value, int) or value < low):
             problems.append(f"data.{key}={value!r} must be an integer >= {low}")
     problems += _device_problems(t)
+    problems += _batch_problems(cfg)
     model = OmegaConf.to_container(cfg.model, resolve=True)
     try:
         gpt_config(model, model.get("vocab_size") or 64)  # any valid size: the real one comes from the data
@@ -58,6 +61,25 @@ def check_config(cfg: DictConfig) -> None:
         problems.append(f"model: {e}")
     if problems:
         raise ConfigError("bad config: " + "; ".join(problems))
+
+
+def _batch_problems(cfg: DictConfig) -> list[str]:
+    """``data.tokens_per_step`` against the batch plan, when the number of processes is given as
+    numbers (with ``devices: auto`` the trainer knows it, and ``build_trainer`` checks then)."""
+    from minigpt.train.batch import batch_plan
+
+    tokens, t = cfg.data.get("tokens_per_step"), cfg.trainer
+    devices, nodes = t.get("devices", "auto"), t.get("num_nodes", 1)
+    numbers = (cfg.data.get("batch_size"), cfg.model.get("context_length"), devices, nodes)
+    if tokens is None or not all(isinstance(n, int) and n > 0 for n in numbers) \
+            or not isinstance(tokens, int) or tokens < 1:
+        return []
+    try:
+        batch_plan(tokens, t.get("accumulate_grad_batches", 1), cfg.data.batch_size,
+                   cfg.model.context_length, devices * nodes)
+    except ConfigError as e:
+        return [str(e)]
+    return []
 
 
 def _device_problems(t: DictConfig) -> list[str]:

@@ -12,9 +12,11 @@ import time
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
 from minigpt.checkpoint import checkpoint_metadata
 from minigpt.model import GPT
+from minigpt.train.batch import rescale_batch_progress
 from minigpt.train.device import peak_flops
 from minigpt.train.optim import adamw_with_schedule
 from minigpt.train.rng import rng_state, set_rng_state
@@ -172,9 +174,18 @@ class LitGPT(L.LightningModule):
             checkpoint["rng_states"] = [states]
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        # Checkpoints written by a module compiled with torch.compile(...) still load.
-        checkpoint["state_dict"] = strip_compiled_prefix(checkpoint["state_dict"])
+        # Checkpoints written by a module compiled with torch.compile(...) still load. (A
+        # sharded FSDP checkpoint arrives here without its tensors: FSDP loaded them already.)
+        if "state_dict" in checkpoint:
+            checkpoint["state_dict"] = strip_compiled_prefix(checkpoint["state_dict"])
+        # Written by another number of processes: the same tokens per step may now take another
+        # number of micro-batches, and Lightning counts micro-batches.
+        accumulate = self.trainer.accumulate_grad_batches if self._trainer is not None else 1
+        if rescale_batch_progress(checkpoint.get("loops") or {}, checkpoint.get("global_step", 0),
+                                  accumulate):
+            rank_zero_info(f"resuming at step {checkpoint['global_step']} with {accumulate} "
+                           "micro-batch(es) per step, another accumulation than the checkpoint's")
         states = checkpoint.get("rng_states")
-        if states:
-            rank = self.global_rank if len(states) > self.global_rank else 0
-            self._pending_rng = states[rank]
+        # A rank the checkpoint had no process for keeps its fresh per-rank seed.
+        if states and self.global_rank < len(states):
+            self._pending_rng = states[self.global_rank]

@@ -105,7 +105,8 @@ def check_memory(estimate: MemoryEstimate, available: int, where: str, knobs: di
     raise ResourceError(
         f"a training step needs about {estimate.describe()} but {where} has "
         f"{available / GiB:.2f} GiB available; make it smaller: lower {settings}, reach the same "
-        "batch with trainer.accumulate_grad_batches, shard the model over devices with "
+        "batch with data.tokens_per_step (or trainer.accumulate_grad_batches), shard the model "
+        "over devices with "
         "trainer=fsdp, or recompute activations with trainer.fsdp.activation_checkpointing=true")
 
 
@@ -151,7 +152,7 @@ def check_run_fits(cfg, model: dict) -> None:
     on the device the run will use."""
     from omegaconf import OmegaConf
 
-    from minigpt.train.device import default_precision, resolve_accelerator
+    from minigpt.train.device import compile_enabled, default_precision, resolve_accelerator
 
     t = cfg.trainer
     accelerator = resolve_accelerator(t.get("accelerator", "auto"))
@@ -160,8 +161,9 @@ def check_run_fits(cfg, model: dict) -> None:
     count = len(devices) if OmegaConf.is_list(devices) else devices if isinstance(devices, int) \
         else 1
     fsdp = t.get("strategy") == "fsdp"
+    compiled = compile_enabled(cfg.get("compile", "auto"), accelerator)
     chunked = accelerator == "cpu" and cfg.get("cpu_speedups", "auto") is not False \
-        and not cfg.get("compile") and not precision.startswith("16")
+        and not compiled and not precision.startswith("16")
     estimate = estimate_training_memory(
         model, cfg.data.batch_size, precision=precision, chunked_loss=chunked,
         shards=count * t.get("num_nodes", 1) if fsdp else 1,
@@ -186,6 +188,6 @@ def out_of_memory_as_resource_error(cfg):
         raise ResourceError(
             f"out of memory during training ({first_line(e, 120)}); make a step smaller: lower "
             f"data.batch_size={cfg.data.batch_size} or model.context_length="
-            f"{cfg.model.context_length}, reach the same batch with "
-            "trainer.accumulate_grad_batches, shard with trainer=fsdp, or recompute activations "
+            f"{cfg.model.context_length}, reach the same batch with data.tokens_per_step (or "
+            "trainer.accumulate_grad_batches), shard with trainer=fsdp, or recompute activations "
             "with trainer.fsdp.activation_checkpointing=true") from None

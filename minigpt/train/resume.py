@@ -29,7 +29,7 @@ class ResumePoint:
 def read_resume_point(path: str, max_steps: int) -> ResumePoint:
     """Read ``path`` (readable, minigpt's, weights-only) and refuse to resume a run that is
     already at or past ``max_steps``."""
-    checkpoint = read_checkpoint(path)
+    checkpoint = read_checkpoint(path, sharded=True)
     step = int(checkpoint.get("global_step", 0))
     if step >= max_steps:
         raise ConfigError(f"ckpt_path={path} is at step {step}; trainer.max_steps={max_steps}: "

@@ -1,5 +1,8 @@
 """Python, NumPy and torch RNG state in checkpoints, so a resumed run draws what the
-uninterrupted one would have drawn."""
+uninterrupted one would have drawn.
+
+Each process saves the generator of its own device only: a resumed run may see other GPUs (one
+per SLURM task, a different node), and a process never draws from another GPU's generator."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ def rng_state() -> dict:
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device's
     return state
 
 
@@ -30,5 +33,12 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state((np_name, np_keys.numpy().astype(np.uint32), np_pos, np_has_gauss,
                          np_gauss))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is None or not torch.cuda.is_available():
+        return
+    if isinstance(cuda, (list, tuple)):  # older checkpoints: one state per visible GPU, by index
+        device = torch.cuda.current_device()
+        if device >= len(cuda):
+            return
+        cuda = cuda[device]
+    torch.cuda.set_rng_state(cuda)

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from minigpt.checkpoint import find_latest_checkpoint
+from minigpt.consolidate import is_sharded_checkpoint
 from minigpt.data import (
     DataConfig,
     TokenDataModule,
@@ -35,14 +35,17 @@ from minigpt.data import (
 )
 from minigpt.model import GPT
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
+from minigpt.train.batch import BatchPlan
 from minigpt.train.callbacks import (
     CheckpointOnInterrupt,
+    LinkingModelCheckpoint,
+    ModelFileAtEnd,
     SampleText,
     StepProgressBar,
     gathered_parameters,
 )
 from minigpt.train.config import ConfigError, check_config, gpt_config
-from minigpt.train.device import default_precision, resolve_accelerator
+from minigpt.train.device import compile_enabled, default_precision, resolve_accelerator
 from minigpt.train.lit import LitGPT
 from minigpt.train.loggers import build_loggers
 from minigpt.train.model_init import init_model, padded_vocab_size
@@ -52,7 +55,7 @@ from minigpt.train.preflight import (
     vocab_before_data,
 )
 from minigpt.train.resume import ResumePoint, check_resume_matches, read_resume_point
-from minigpt.train.trainer import build_trainer
+from minigpt.train.trainer import build_trainer, sharded_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -77,24 +80,29 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     if resume is not None:
         check_resume_matches(resume, model_config, setup.tokenizer.to_dict())
     check_run_fits(cfg, model_config)  # again with the exact vocabulary and architecture
-    apply_cpu_speedups(setup.model, cfg)
+    compiled = compile_enabled(cfg.compile, cfg.trainer.get("accelerator"))
+    apply_cpu_speedups(setup.model, cfg, compiled)
     # Same initial weights on every rank (above); from here each rank draws its own dropout masks.
     L.seed_everything(cfg.seed + rank_zero_only.rank, workers=True, verbose=False)
     lit = LitGPT(
         setup.model, OmegaConf.to_container(cfg.optim, resolve=True), setup.tokenizer.to_dict(),
-        compile=cfg.compile, peak_flops=cfg.get("peak_flops"),
+        compile=compiled, peak_flops=cfg.get("peak_flops"),
         bytes_per_token=bytes_per_token(setup.datamodule.directory, setup.meta, setup.tokenizer,
                                         setup.data_cfg.val_tokens),
     )
     ckpt_dir = run_dir / "checkpoints"
-    checkpoints = ModelCheckpoint(
+    checkpoints = LinkingModelCheckpoint(
         dirpath=ckpt_dir, filename="best", monitor="val/loss", mode="min", save_top_k=1,
         save_last=True, auto_insert_metric_name=False, enable_version_counter=False,
+        save_on_train_epoch_end=False,  # after validations: the endless stream has no epochs
     )
     interrupt = CheckpointOnInterrupt(ckpt_dir / "last.ckpt")
     callbacks = [checkpoints, interrupt, *_standard_callbacks(cfg, setup.tokenizer, run_dir),
                  *callbacks]
-    trainer = build_trainer(cfg, run_dir, callbacks, loggers=[])  # its checks first, then wandb
+    if sharded_checkpoints(cfg):
+        callbacks.append(ModelFileAtEnd(ckpt_dir))
+    trainer = build_trainer(cfg, run_dir, callbacks, loggers=[],  # its checks first, then wandb
+                            context_length=setup.model.config.context_length)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["model"]["vocab_size"] = setup.model.config.vocab_size
     trainer.loggers = build_loggers(cfg.logger, run_dir, resolved)
@@ -157,7 +165,7 @@ def preflight(cfg: DictConfig, resume: ResumePoint | None) -> None:
     check_run_fits(cfg, model_config)
 
 
-def apply_cpu_speedups(model: GPT, cfg: DictConfig) -> list[str]:
+def apply_cpu_speedups(model: GPT, cfg: DictConfig, compiled: bool = False) -> list[str]:
     """``minigpt.cpu.speed_up_training`` for a CPU run unless ``cpu_speedups=false``; logs what
     it applied. Called once, after the model is built and before compiling or FSDP wrapping."""
     accelerator = resolve_accelerator(cfg.trainer.get("accelerator", "auto"))
@@ -166,7 +174,7 @@ def apply_cpu_speedups(model: GPT, cfg: DictConfig) -> list[str]:
     from minigpt.cpu import speed_up_training
 
     precision = cfg.trainer.get("precision") or default_precision(accelerator)
-    applied = speed_up_training(model, precision=str(precision), compiled=bool(cfg.compile))
+    applied = speed_up_training(model, precision=str(precision), compiled=compiled)
     rank_zero_info(f"cpu speedups: {', '.join(applied) or 'none apply'}")
     return applied
 
@@ -201,17 +209,21 @@ def _standard_callbacks(cfg: DictConfig, tokenizer: Tokenizer, run_dir: Path) ->
 
 def _describe(run_dir: Path, setup: Setup, trainer: L.Trainer, ckpt_path: str | None) -> str:
     model, tokenizer = setup.model, setup.tokenizer
+    batch = BatchPlan(setup.data_cfg.batch_size, model.config.context_length,
+                      trainer.accumulate_grad_batches, trainer.world_size)
     return (
         f"run dir: {run_dir}\nmodel: {model.num_params() / 1e6:.2f}M parameters, "
         f"{model.config}\ndata: {setup.data_cfg.name}, tokenizer {tokenizer.name} (vocab "
         f"{tokenizer.vocab_size}, model vocab {model.config.vocab_size}), "
-        f"{setup.meta['train_tokens']:,} train tokens\nprecision: {trainer.precision}, devices: "
+        f"{setup.meta['train_tokens']:,} train tokens\nbatch: {batch.describe()}\nprecision: "
+        f"{trainer.precision}, devices: "
         f"{trainer.num_devices} x {trainer.num_nodes} node(s), strategy: "
         f"{type(trainer.strategy).__name__}" + (f"\nresuming from {ckpt_path}" if ckpt_path else "")
     )
 
 
-def _finish(trainer: L.Trainer, model: GPT, run_dir: Path, checkpoints: ModelCheckpoint) -> dict:
+def _finish(trainer: L.Trainer, model: GPT, run_dir: Path,
+            checkpoints: LinkingModelCheckpoint) -> dict:
     """The run's summary (also ``summary.json``), after a parameter checksum every rank logs to
     its own file: under DDP (and FSDP, gathered) the ranks must agree."""
     with gathered_parameters(getattr(trainer.strategy, "model", None), recurse=True):
@@ -240,7 +252,7 @@ def resolve_ckpt_path(ckpt_path: str | None, root: Path) -> str | None:
     if ckpt_path == "last":
         return str(find_latest_checkpoint(root))
     path = Path(ckpt_path).expanduser()
-    if not path.is_file():
+    if not path.is_file() and not is_sharded_checkpoint(path):
         raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
     return str(path)
 

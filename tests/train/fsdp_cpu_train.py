@@ -2,11 +2,12 @@
 
     python tests/train/fsdp_cpu_train.py trainer=fsdp trainer.accelerator=cpu trainer.devices=2 ...
 
-Three device guards are lifted, nothing else changes: Lightning rejects ``FSDPStrategy`` itself on
+Four device guards are lifted, nothing else changes: Lightning rejects ``FSDPStrategy`` itself on
 a CPU (a subclass passes its check); FSDP needs ``device_id=cpu`` to keep CPU parameters (Lightning
 passes the device index, None on a CPU); gathering a full state dict with ``offload_to_cpu=True``
 crashes when the parameters already live on the CPU (torch 2.13), so it is gathered without
-offload. On GPUs Lightning runs the unchanged code.
+offload; Lightning's FSDP precision plugin autocasts on ``cuda`` only, so under ``bf16-mixed`` it
+autocasts on the CPU here. On GPUs Lightning runs the unchanged code.
 """
 
 import contextlib
@@ -18,6 +19,7 @@ import lightning.pytorch.strategies as strategies
 import lightning.pytorch.strategies.fsdp as pytorch_fsdp
 import torch
 import torch.distributed.fsdp as fsdp
+from lightning.pytorch.plugins.precision import FSDPPrecision
 
 
 class CPUFSDPStrategy(strategies.FSDPStrategy):
@@ -40,6 +42,15 @@ def full_state_dict_without_offload(module, world_size, rank0_only=True):
         yield
 
 
+def cpu_autocast(self):
+    if "mixed" in self.precision:
+        dtype = torch.bfloat16 if self.precision == "bf16-mixed" else torch.float16
+        return torch.autocast("cpu", dtype=dtype)
+    return original_forward_context(self)
+
+
+original_forward_context = FSDPPrecision.forward_context
+FSDPPrecision.forward_context = cpu_autocast
 strategies.FSDPStrategy = CPUFSDPStrategy
 fsdp.FullyShardedDataParallel = CPUFullyShardedDataParallel
 pytorch_fsdp._get_full_state_dict_context = full_state_dict_without_offload

@@ -19,7 +19,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from minigpt.checkpoint import load_checkpoint
+from minigpt.checkpoint import CheckpointError, load_checkpoint
+from minigpt.consolidate import is_sharded_checkpoint
 from minigpt.model import GPT, GPTConfig
 from minigpt.tokenizer import get_tokenizer
 from minigpt.train.config import ConfigError
@@ -121,6 +122,19 @@ def test_wandb_login_detection_and_fallback(tmp_path, monkeypatch, data_root):
     assert [type(lg).__name__ for lg in loggers] == ["CSVLogger"]
 
 
+def test_cpu_speedups_and_keep_freed_memory_on_cpu_runs_only(data_root, monkeypatch):
+    import minigpt.cpu
+    from minigpt.train.run import apply_cpu_speedups
+
+    calls = []
+    monkeypatch.setattr(minigpt.cpu, "speed_up_training", lambda *a, **k: calls.append(k) or [])
+    model = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=1, n_head=2, n_embd=16))
+    assert apply_cpu_speedups(model, tiny_cfg(data_root, "trainer.accelerator=gpu")) == []
+    assert calls == []  # a GPU rank keeps glibc's default allocator and the plain loss
+    apply_cpu_speedups(model, tiny_cfg(data_root), compiled=True)
+    assert calls == [{"precision": "32-true", "compiled": True}]
+
+
 # ---- real runs -------------------------------------------------------------------------------
 
 def test_end_to_end_run_writes_checkpoints_metrics_and_samples(tmp_path, data_root):
@@ -179,6 +193,41 @@ def test_exact_resume_matches_uninterrupted_run(tmp_path, data_root):
     b = torch.load(resumed["last"], weights_only=True)["state_dict"]
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-6, atol=1e-7)
+
+
+def test_compiled_training_resumes_and_generates(tmp_path, data_root):
+    """compile=true (what compile=auto picks on GPUs): forward + loss compiled as one function
+    trains like the eager model, resumes, and its checkpoint loads in generate.py unchanged."""
+    short = ["trainer.max_steps=2", "trainer.val_check_interval=2", "sample.max_new_tokens=4"]
+    eager = run(tiny_cfg(data_root, *short), tmp_path / "eager")
+    half = run(tiny_cfg(data_root, *short, "compile=true"), tmp_path / "half")
+    assert half["val_loss"] == pytest.approx(eager["val_loss"], rel=1e-4)
+    resumed = run(tiny_cfg(data_root, "trainer.max_steps=4", "trainer.val_check_interval=2",
+                           "sample.max_new_tokens=4", "compile=true", f"ckpt_path={half['last']}"),
+                  tmp_path / "resumed")
+    assert resumed["steps"] == 4 and math.isfinite(resumed["val_loss"])
+    assert (tmp_path / "resumed" / "samples.txt").read_text().count("--- step 4 ---") == 1
+    ckpt = torch.load(resumed["last"], weights_only=True)
+    assert ckpt["hyper_parameters"]["compile"] is True
+    assert not [k for k in ckpt["state_dict"] if "_orig_mod" in k]
+
+    generate_cli = _load_generate_cli()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        gen_cfg = compose("generate", overrides=[f"ckpt_path={resumed['last']}", "prompt=ROMEO:",
+                                                 "max_new_tokens=5", "stream=false"])
+    import io
+
+    samples = generate_cli.run(gen_cfg, out=io.StringIO())
+    assert samples[0].startswith("ROMEO:") and len(samples[0]) > len("ROMEO:")
+
+
+def _load_generate_cli():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("generate_cli", ROOT / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
@@ -241,6 +290,8 @@ def test_init_from_checkpoint_and_hf_directory(tmp_path, data_root):
     ("model.vocab_size=10", r"model.vocab_size=10 is smaller than the tokenizer's vocabulary"),
     ("model.n_embd=33", r"n_embd=33 must be divisible by n_head=2"),
     ("threads=0", r"threads=0 must be null or a positive integer"),
+    ("data.tokens_per_step=1000", r"data.tokens_per_step=1000 is not a multiple of data.batch_size "
+     r"x context_length x processes = 4 x 32 x 1 = 128; fix: data.tokens_per_step=1024"),
     ("+model.n_layers=3", r"unknown field\(s\) \['n_layers'\]"),
 ])
 def test_bad_overrides_fail_before_training(tmp_path, data_root, override, message):
@@ -298,32 +349,111 @@ def test_ddp_two_cpu_processes(tmp_path, data_root):
     assert ckpt["global_step"] == 4 and len(ckpt["rng_states"]) == 2
 
 
-def test_fsdp_two_cpu_processes(tmp_path, data_root):
-    """trainer=fsdp through Lightning on 2 CPU processes: tests/train/fsdp_cpu_train.py lifts only the
-    device guards that keep Lightning's FSDP on GPUs."""
-    result = _train_py(
-        tmp_path, *TINY, f"data_root={data_root}", "trainer=fsdp", "trainer.accelerator=cpu",
-        "trainer.devices=2", "trainer.max_steps=4", "trainer.val_check_interval=2",
-        "logger=csv", timeout=180, script=ROOT / "tests" / "train" / "fsdp_cpu_train.py",
-    )
+class MicroBatchCounter(L.Callback):
+    """Micro-batches per optimizer step, and the accumulation the trainer ran with."""
+
+    def __init__(self):
+        self.per_step: dict[int, int] = {}
+        self.accumulate = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.accumulate = trainer.accumulate_grad_batches
+        step = trainer.global_step + (0 if trainer.fit_loop._should_accumulate() else -1)
+        self.per_step[step + 1] = self.per_step.get(step + 1, 0) + 1
+
+
+def _csv_tokens(run_dir: Path) -> dict[int, float]:
+    rows = csv.DictReader((run_dir / "csv" / "metrics.csv").open())
+    return {int(r["step"]) + 1: float(r["tokens"]) for r in rows if r["tokens"]}
+
+
+def test_tokens_per_step_on_2_processes_and_resume_on_another_layout(tmp_path, data_root):
+    """data.tokens_per_step=512 with micro-batches of 4 x 32: 2 micro-batches on each of 2 DDP
+    processes, 4 in one process; a checkpoint from 2 processes resumes in 1 and the reverse."""
+    recipe = [*TINY, f"data_root={data_root}", "data.tokens_per_step=512", "logger=csv",
+              "trainer.val_check_interval=1"]  # last.ckpt after every step
+    ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
+    two = tmp_path / "two"
+    result = _train_py(tmp_path, *recipe, *ddp, "trainer.max_steps=3", f"hydra.run.dir={two}",
+                       timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "strategy: CPUFSDPStrategy" in result.stdout + result.stderr
-    run_dirs = [p.parent for p in (tmp_path / "outputs").rglob(".hydra")]
-    assert len(run_dirs) == 1, run_dirs
-    run_dir = run_dirs[0]
+    out = result.stdout + result.stderr
+    assert "4 x 32 tokens x 2 micro-batch(es) x 2 process(es) = 512 tokens per step" in out
+    assert _csv_tokens(two) == {1: 512, 2: 1024, 3: 1536}  # the logged tokens per step
+
+    # the same command in one process: twice the micro-batches, every step whole after resume
+    counter = MicroBatchCounter()
+    one = run(tiny_cfg(data_root, "data.tokens_per_step=512", "logger=csv",
+                       "trainer.val_check_interval=1", "trainer.max_steps=5",
+                       f"ckpt_path={two / 'checkpoints/last.ckpt'}"), tmp_path / "one",
+              callbacks=[counter])
+    assert counter.accumulate == 4 and counter.per_step == {4: 4, 5: 4}
+    assert one["steps"] == 5 and _csv_tokens(tmp_path / "one") == {4: 2048, 5: 2560}
+    assert math.isfinite(one["val_loss"])
+
+    back = tmp_path / "back"  # and from 1 process back to 2
+    result = _train_py(tmp_path, *recipe, *ddp, "trainer.max_steps=6", f"hydra.run.dir={back}",
+                       f"ckpt_path={one['last']}", timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _csv_tokens(back) == {6: 3072}
+    assert torch.load(back / "checkpoints/last.ckpt", weights_only=True)["global_step"] == 6
+
+
+def _fsdp_train_py(tmp_path, data_root, *args):
+    return _train_py(
+        tmp_path, *TINY, f"data_root={data_root}", "trainer=fsdp", "trainer.accelerator=cpu",
+        "trainer.val_check_interval=2", "trainer.precision=bf16-mixed", "logger=csv", *args,
+        timeout=180, script=ROOT / "tests" / "train" / "fsdp_cpu_train.py")
+
+
+def _checksums(run_dir: Path) -> dict[str, str]:
     sums = {}
     for log in run_dir.glob("*.log"):
         for rank, value in re.findall(r"rank (\d): parameter checksum (\S+)", log.read_text()):
             sums[rank] = value
+    return sums
+
+
+def test_fsdp_two_cpu_processes_sharded_checkpoints(tmp_path, data_root):
+    """trainer=fsdp through Lightning on 2 CPU processes under bf16-mixed (as on GPUs):
+    tests/train/fsdp_cpu_train.py lifts only the device guards that keep Lightning's FSDP on
+    GPUs. Samples work; each rank writes its shard; the end of the run consolidates the model for
+    generate.py; the sharded checkpoint resumes in one process."""
+    run_dir = tmp_path / "two"
+    result = _fsdp_train_py(tmp_path, data_root, "trainer.devices=2", "trainer.max_steps=5",
+                            f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert "strategy: CPUFSDPStrategy" in out and "samples are off" not in out
+    sums = _checksums(run_dir)
     assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], sums  # gathered, the ranks agree
     samples = (run_dir / "samples.txt").read_text()  # sampling gathered the sharded weights
     assert "--- step 2 ---" in samples and "--- step 4 ---" in samples
-    # One full (gathered) checkpoint that our reader loads into a plain GPT: the trained weights.
-    model, _, _ = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
-    ckpt = torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)
-    assert ckpt["global_step"] == 4
+    ckpt_dir = run_dir / "checkpoints"
+    last = ckpt_dir / "last.ckpt"
+    assert is_sharded_checkpoint(last) and not last.is_symlink()  # step 5: saved at the end
+    assert torch.load(last / "meta.pt", weights_only=True)["global_step"] == 5
+    with pytest.raises(CheckpointError, match="sharded FSDP checkpoint.*consolidate"):
+        load_checkpoint(last)
+    # The consolidated model file: the trained weights, read by generate.py's loader.
+    model, _, _ = load_checkpoint(ckpt_dir / "model.ckpt")
     assert float(sums["0"]) == pytest.approx(
-        sum(float(p.double().sum()) for p in model.parameters()), rel=1e-9)
+        sum(float(p.detach().double().sum()) for p in model.parameters()), rel=1e-9)
+    from minigpt.consolidate import main as checkpoint_cli
+
+    assert checkpoint_cli(["consolidate", str(run_dir), "--out", str(tmp_path / "m.ckpt")]) == 0
+    again, _, _ = load_checkpoint(tmp_path / "m.ckpt")
+    from minigpt.checkpoint import load_model
+
+    assert load_model(checkpoints_root=run_dir)[2] == str(ckpt_dir / "model.ckpt")  # generate.py
+    for a, b in zip(model.parameters(), again.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+
+    one = tmp_path / "one"  # 2 processes' shards resume in 1 (DCP reshards on load)
+    result = _fsdp_train_py(tmp_path, data_root, "trainer.devices=1", "trainer.max_steps=6",
+                            f"hydra.run.dir={one}", f"ckpt_path={last}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert torch.load(one / "checkpoints/last.ckpt/meta.pt", weights_only=True)["global_step"] == 6
 
 
 def test_lightning_tips_are_dropped_and_our_messages_kept(caplog):

@@ -1,0 +1,340 @@
+"""The GPU path end to end, in one command that prints a table.
+
+    python bench/gpu.py                  # CUDA: GPT-2 small, T=1024, bf16, compile auto
+    python bench/gpu.py --batch 16 --new-tokens 256
+    python bench/gpu.py --self-test      # a tiny config on the CPU in seconds (the default
+                                         # without CUDA; the test suite runs it so it never rots)
+
+1. Training step, side by side in this process: our ``GPT`` the way a run trains it (forward and
+   loss compiled together when ``compile: auto`` says so, bf16 autocast, fused AdamW, gradient
+   clipping) and ``transformers.GPT2LMHeadModel`` (SDPA attention, bf16 autocast, forward +
+   cross-entropy compiled alike), same shapes and batch: tokens/s, MFU against the GPU's peak
+   (``minigpt.train.device``), the step's peak memory above what stays resident.
+2. ``train.py`` itself for a few dozen steps (defaults: precision and compile auto, GPT-2 small
+   shapes on character data with the vocabulary pinned to 50304, so no download): the tokens/s
+   and MFU it logs; then the same on 2 processes (DDP) when there are 2+ GPUs.
+3. Decoding as ``generate.py`` does it (``dtype=auto``: bf16 weights on GPUs, KV cache, greedy)
+   against ``transformers`` ``generate`` (bf16, cache), batch 1 and 8.
+
+Variants are stepped interleaved after warm-up (compilation happens there); medians. Targets
+(issue 11): training >= 1.3x transformers and >= 40% MFU on an H100; decoding >= 3x transformers
+at batch 1. Without ``transformers`` installed its rows are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout
+from generate import decoding_dtype, place_model  # noqa: E402
+from minigpt.model import GPT, GPTConfig  # noqa: E402
+from minigpt.sampling import generate  # noqa: E402
+from minigpt.train.device import compile_enabled, peak_flops  # noqa: E402
+from minigpt.train.optim import adamw_with_schedule  # noqa: E402
+
+OPTIM = {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 10, "decay_steps": 1000,
+         "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
+
+
+@dataclass
+class Plan:
+    """What to measure where: shapes, batch, repeats, and the train.py overrides that size it."""
+
+    device: torch.device
+    config: GPTConfig
+    batch: int
+    warmup: int
+    repeats: int
+    prompt_tokens: int
+    new_tokens: int
+    run_steps: int
+    run_overrides: list[str]
+
+    @property
+    def compiled(self) -> bool:
+        return compile_enabled("auto", "gpu" if self.device.type == "cuda" else "cpu")
+
+
+def gpu_plan(args) -> Plan:
+    config = GPTConfig(vocab_size=50304, context_length=1024, n_layer=12, n_head=12, n_embd=768)
+    return Plan(torch.device("cuda"), config, args.batch, warmup=3, repeats=args.repeats,
+                prompt_tokens=16, new_tokens=args.new_tokens, run_steps=60,
+                run_overrides=["model=gpt2_small", "model.vocab_size=50304",
+                               f"data.batch_size={args.batch}"])
+
+
+def tiny_plan() -> Plan:
+    config = GPTConfig(vocab_size=128, context_length=64, n_layer=2, n_head=2, n_embd=32)
+    return Plan(torch.device("cpu"), config, batch=2, warmup=1, repeats=2, prompt_tokens=4,
+                new_tokens=8, run_steps=3,
+                run_overrides=["model.n_layer=2", "model.n_head=2", "model.n_embd=32",
+                               "model.context_length=64", "data.batch_size=2",
+                               "data.val_tokens=128", "trainer=cpu", "threads=1"])
+
+
+# ---- 1. the training step, ours vs transformers ---------------------------------------------
+
+def _train_step(model: torch.nn.Module, loss_fn, plan: Plan):
+    """One optimizer step as LitGPT runs it under bf16-mixed: autocast, backward, clip, step."""
+    optimizer, _ = adamw_with_schedule(model, OPTIM, fused=True)
+    loss_fn = torch.compile(loss_fn) if plan.compiled else loss_fn
+
+    def step(x, y):
+        with torch.autocast(plan.device.type, dtype=torch.bfloat16):
+            loss = loss_fn(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def _has_transformers() -> bool:
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        return False
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # its notes about our random configs are not results
+    hf_logging.disable_progress_bar()
+    return True
+
+
+def _transformers_model(config: GPTConfig):
+    """A fresh float32 ``GPT2LMHeadModel`` of ``config``'s shapes, SDPA attention, no dropout."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    hf_config = GPT2Config(vocab_size=config.vocab_size, n_positions=config.context_length,
+                           n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head,
+                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                           bos_token_id=None, eos_token_id=None)
+    return GPT2LMHeadModel._from_config(hf_config, attn_implementation="sdpa")
+
+
+def training_steps(plan: Plan) -> dict:
+    """name -> one training step, each with its own model and optimizer."""
+    ours = GPT(plan.config).to(plan.device).train()
+    steps = {"ours": _train_step(ours, ours.loss, plan)}
+    if _has_transformers():
+        hf = _transformers_model(plan.config).to(plan.device).train()
+
+        def hf_loss(x, y):
+            logits = hf(x).logits  # (B, T, V)
+            return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+        steps["transformers"] = _train_step(hf, hf_loss, plan)
+    return steps
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_interleaved(runs: dict, plan: Plan, *args) -> dict[str, float]:
+    """Median seconds per call of each run, called in turn after ``plan.warmup`` calls each."""
+    for run in runs.values():
+        for _ in range(plan.warmup):
+            run(*args)
+    times = {name: [] for name in runs}
+    for _ in range(plan.repeats):
+        for name, run in runs.items():
+            _sync(plan.device)
+            start = time.perf_counter()
+            run(*args)
+            _sync(plan.device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def step_peak_gib(run, device: torch.device, *args) -> float | None:
+    """Peak memory one call allocates above what was resident before it (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    _sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    run(*args)
+    _sync(device)
+    return (torch.cuda.max_memory_allocated(device) - before) / 2**30
+
+
+def training_table(plan: Plan) -> dict:
+    steps = training_steps(plan)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, plan.config.vocab_size, (2, plan.batch, plan.config.context_length),
+                         generator=gen).to(plan.device)
+    seconds = time_interleaved(steps, plan, x, y)
+    peak = peak_flops(plan.device)
+    flops_per_token = _flops_per_token(plan.config)  # the same architecture for both
+    rows = {}
+    for name, step in steps.items():
+        tokens_per_s = x.numel() / seconds[name]
+        rows[name] = {"step_ms": 1e3 * seconds[name], "tokens_per_s": tokens_per_s,
+                      "mfu": flops_per_token * tokens_per_s / peak if peak else None,
+                      "peak_gib": step_peak_gib(step, plan.device, x, y)}
+    return rows
+
+
+def _flops_per_token(config: GPTConfig) -> float:
+    with torch.device("meta"):
+        return GPT(config).flops_per_token()
+
+
+# ---- 2. train.py itself ---------------------------------------------------------------------
+
+def train_py_run(plan: Plan, work: Path, processes: int = 1) -> dict:
+    """``train.py`` for ``plan.run_steps`` steps with precision and compile left on auto, one
+    validation and sample at the end; what it logged last (tokens/s is its moving average, so
+    enough steps must follow the compilation) and whether sampling failed."""
+    name = f"run{processes}"
+    args = [*plan.run_overrides, "data=shakespeare_char", f"data_root={work / 'data'}",
+            f"hydra.run.dir={work / name}", "logger=csv", "sample.max_new_tokens=8",
+            "trainer.enable_progress_bar=false", f"trainer.max_steps={plan.run_steps}",
+            f"trainer.val_check_interval={plan.run_steps}", "trainer.limit_val_batches=1",
+            "trainer.log_every_n_steps=1", f"trainer.devices={processes}"]
+    if processes > 1:
+        args.append("trainer.strategy=ddp")
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=work,
+                            capture_output=True, text=True, timeout=1800)
+    output = result.stdout + result.stderr
+    if result.returncode != 0:
+        raise RuntimeError(f"train.py failed ({processes} process(es)):\n{output[-3000:]}")
+    rows = [r for r in csv.DictReader((work / name / "csv" / "metrics.csv").open())
+            if r.get("tokens_per_s")]
+    last = rows[-1]
+    precision = next((line.split(",")[0].removeprefix("precision: ")
+                      for line in output.splitlines() if line.startswith("precision: ")), "?")
+    return {"processes": processes, "precision": precision,
+            "tokens_per_s": float(last["tokens_per_s"]),
+            "mfu": float(last["mfu"]) if last.get("mfu") else None,
+            "warnings": [line for line in output.splitlines() if "samples are off" in line]}
+
+
+# ---- 3. decoding, generate.py's way vs transformers -----------------------------------------
+
+def decoding_table(plan: Plan, batches=(1, 8)) -> dict:
+    """New tokens/s of greedy decoding with the KV cache for each batch size."""
+    device = str(plan.device)
+    model = GPT(plan.config).eval()
+    hf = _transformers_decoder(model, plan)
+    place_model(model, device, getattr(torch, decoding_dtype("auto", device)), "auto")
+    rows = {}
+    for batch in batches:
+        prompt = torch.randint(0, plan.config.vocab_size, (batch, plan.prompt_tokens),
+                               generator=torch.Generator().manual_seed(batch)).to(device)
+        runs = {"ours": lambda p=prompt: generate(model, p, plan.new_tokens, temperature=0)}
+        if hf is not None:
+            runs["transformers"] = lambda p=prompt: hf.generate(
+                p, attention_mask=torch.ones_like(p), max_new_tokens=plan.new_tokens,
+                min_new_tokens=plan.new_tokens, do_sample=False, use_cache=True, pad_token_id=0)
+        with torch.inference_mode():
+            seconds = time_interleaved(runs, plan)
+        rows[batch] = {name: batch * plan.new_tokens / s for name, s in seconds.items()}
+    return rows
+
+
+def _transformers_decoder(model: GPT, plan: Plan):
+    """``transformers`` GPT-2 with ``model``'s weights, in bf16 on a GPU (float32 on the CPU)."""
+    if not _has_transformers():
+        return None
+    from transformers import GPT2LMHeadModel
+
+    dtype = torch.bfloat16 if plan.device.type == "cuda" else torch.float32
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        hf = GPT2LMHeadModel.from_pretrained(tmp, attn_implementation="sdpa")
+    hf.generation_config.eos_token_id = None  # always all new tokens, as ours
+    return hf.to(plan.device, dtype).eval()
+
+
+# ---- the table ------------------------------------------------------------------------------
+
+def _fmt(value, spec: str) -> str:
+    """``value`` formatted, or ``n/a`` padded to the same width."""
+    width = int("".join(ch for ch in spec.split(".")[0] if ch.isdigit()) or 0)
+    return f"{'n/a':>{width}}" if value is None else format(value, spec)
+
+
+def _ratio(rows: dict, key: str) -> float | None:
+    theirs = rows.get("transformers")
+    return rows["ours"][key] / theirs[key] if theirs else None
+
+
+def report(plan: Plan, train: dict, runs: list[dict], decode: dict) -> list[str]:
+    """The table, and one line per target: met, not met, or n/a."""
+    c = plan.config
+    name = torch.cuda.get_device_name(plan.device) if plan.device.type == "cuda" else "CPU"
+    lines = [f"{name}, torch {torch.__version__}, compile {'on' if plan.compiled else 'off'}, "
+             f"bf16 autocast; model {c.n_layer} x {c.n_embd} (heads {c.n_head}), vocab "
+             f"{c.vocab_size}, T={c.context_length}, batch {plan.batch}", "",
+             f"{'training step':<24} {'ms':>9} {'tokens/s':>11} {'MFU':>7} {'peak GiB':>9}"]
+    for variant, row in train.items():
+        lines.append(f"{variant:<24} {row['step_ms']:>9.1f} {row['tokens_per_s']:>11,.0f} "
+                     f"{_fmt(row['mfu'], '>7.1%')} {_fmt(row['peak_gib'], '>9.2f')}")
+    for run in runs:
+        label = f"train.py, {run['processes']} process(es)"
+        lines.append(f"{label:<24} {'':>9} {run['tokens_per_s']:>11,.0f} "
+                     f"{_fmt(run['mfu'], '>7.1%')} {'':>9}  precision {run['precision']}"
+                     + ("; SAMPLES OFF" if run["warnings"] else ""))
+    lines += ["", f"{'decoding new tokens/s':<24} {'ours':>11} {'transformers':>13} {'ratio':>7}"]
+    for batch, row in decode.items():
+        lines.append(f"{'batch ' + str(batch):<24} {row['ours']:>11,.0f} "
+                     f"{_fmt(row.get('transformers'), '>13,.0f')} "
+                     f"{_fmt(_ratio({k: {'v': v} for k, v in row.items()}, 'v'), '>6.2f')}x")
+    train_ratio = _ratio(train, "tokens_per_s")
+    decode_ratio = _ratio({k: {"v": v} for k, v in decode[min(decode)].items()}, "v")
+    mfu = train["ours"]["mfu"] if "H100" in name else None
+    lines += ["", _target("training >= 1.3x transformers tokens/s", train_ratio, 1.3),
+              _target("MFU >= 40% on an H100", mfu, 0.40),
+              _target("decoding >= 3x transformers at batch 1", decode_ratio, 3.0)]
+    return lines
+
+
+def _target(what: str, value: float | None, goal: float) -> str:
+    verdict = "n/a" if value is None else ("met" if value >= goal else "NOT met")
+    return f"target {what}: {verdict}" + ("" if value is None else f" ({value:.2f})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--self-test", action="store_true",
+                        help="a tiny config on the CPU in seconds (the default without CUDA)")
+    parser.add_argument("--batch", type=int, default=12, help="micro-batch at T=1024 (GPU)")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    cuda = torch.cuda.is_available() and not args.self_test
+    plan = gpu_plan(args) if cuda else tiny_plan()
+    if cuda:
+        torch.set_float32_matmul_precision("high")  # as train.py
+    else:
+        torch.set_num_threads(1)  # tiny models: a second thread mostly waits
+    train = training_table(plan)
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = [train_py_run(plan, Path(tmp))]
+        if cuda and torch.cuda.device_count() >= 2:
+            runs.append(train_py_run(plan, Path(tmp), processes=2))
+    decode = decoding_table(plan)
+    print("\n".join(report(plan, train, runs, decode)))
+    if not cuda:
+        print("(self-test on the CPU: the numbers say the path runs, not how fast a GPU runs it)")
+    return 1 if any(run["warnings"] for run in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
