@@ -14,6 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DECODERS = ("auto", "eager", "compiled")
 SEPARATOR = "\n---------------\n"
 
 
@@ -44,14 +45,18 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
             raise ValueError("attention_map needs a prompt: give prompt=... or prompt_file=...")
         _info(write_attention_map(model, tokenizer, ids[-ctx:], cfg.attention_map,
                                   cfg.attention_layer, source))
-    applied = place_model(model, device, getattr(torch, dtype), cfg.cpu_speedups)
+    compiled = cfg.decoder == "compiled" or (cfg.decoder == "auto" and device.startswith("cuda"))
+    # torch.compile cannot trace minigpt.cpu's oneDNN ops; inductor packs CPU weights itself
+    applied = place_model(model, device, getattr(torch, dtype),
+                          cfg.cpu_speedups if not compiled else False)
     start = ids or [tokenizer.eot_id]  # an empty prompt starts a new document
     if len(start) > ctx:
         _info(f"prompt has {len(start)} tokens but the model sees at most context_length={ctx}: "
               f"conditioning on the last {ctx}")
         start = start[-ctx:]
     _info(f"{source}: {num_params / 1e6:.2f}M parameters, tokenizer {tokenizer.name!r}, "
-          f"context {ctx}, {device} {dtype}; cpu speedups: {', '.join(applied) or 'none'}; "
+          f"context {ctx}, {device} {dtype}, {'compiled' if compiled else 'eager'} decoder; "
+          f"cpu speedups: {', '.join(applied) or 'none'}; "
           f"{cfg.num_samples} sample(s) of up to {cfg.max_new_tokens} tokens")
 
     stream = cfg.num_samples == 1 if cfg.stream is None else bool(cfg.stream)
@@ -59,12 +64,18 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
     printer = _StreamPrinter(tokenizer, out, eos_id) if stream else None
     idx = torch.tensor([start] * cfg.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    decoder = None
+    if compiled:  # fixed-shape caches, one CUDA graph per token on a GPU (minigpt.static_decoding)
+        from minigpt.static_decoding import StaticDecoder
+
+        decoder = StaticDecoder(model, cfg.num_samples, compile=True)
     if printer is not None:
         out.write(prompt)
         out.flush()
     tokens = generate(model, idx, cfg.max_new_tokens, temperature=cfg.temperature,
                       top_k=cfg.top_k, top_p=cfg.top_p, eos_id=eos_id, generator=generator,
-                      on_token=printer, vocab_size=tokenizer.vocab_size, crop_to=cfg.crop_to)
+                      on_token=printer, vocab_size=tokenizer.vocab_size, crop_to=cfg.crop_to,
+                      decoder=decoder)
 
     samples = [prompt + text for text in _decode_rows(tokenizer, tokens[:, len(start):], eos_id)]
     if printer is not None:
@@ -124,6 +135,8 @@ def _check_options(cfg: DictConfig) -> None:
             problems.append(f"{name}={value!r} must be an integer >= {low}")
     if cfg.cpu_speedups not in ("auto", False):
         problems.append(f"cpu_speedups={cfg.cpu_speedups!r} must be auto or false")
+    if cfg.decoder not in DECODERS:
+        problems.append(f"decoder={cfg.decoder!r} must be one of {DECODERS}")
     if cfg.dtype not in DTYPES:
         problems.append(f"dtype={cfg.dtype!r} must be one of {DTYPES}")
     if cfg.ckpt_path is not None and cfg.pretrained is not None:

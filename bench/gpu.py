@@ -13,8 +13,9 @@
 2. ``train.py`` itself for a few dozen steps (defaults: precision and compile auto, GPT-2 small
    shapes on character data with the vocabulary pinned to 50304, so no download): the tokens/s
    and MFU it logs; then the same on 2 processes (DDP) when there are 2+ GPUs.
-3. Decoding as ``generate.py`` does it (``dtype=auto``: bf16 weights on GPUs, KV cache, greedy)
-   against ``transformers`` ``generate`` (bf16, cache), batch 1 and 8.
+3. Decoding as ``generate.py`` does it (``dtype=auto``: bf16 weights on GPUs; ``decoder=auto``:
+   the compiled fixed-shape decoder, one CUDA graph per token, on GPUs; greedy) against
+   ``transformers`` ``generate`` (bf16, cache), batch 1 and 8.
 
 Variants are stepped interleaved after warm-up (compilation happens there); medians. Targets
 (issue 11): training >= 1.3x transformers and >= 40% MFU on an H100; decoding >= 3x transformers
@@ -41,6 +42,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout
 from generate import decoding_dtype, place_model  # noqa: E402
 from minigpt.model import GPT, GPTConfig  # noqa: E402
 from minigpt.sampling import generate  # noqa: E402
+from minigpt.static_decoding import StaticDecoder  # noqa: E402
 from minigpt.train.device import compile_enabled, peak_flops  # noqa: E402
 from minigpt.train.optim import adamw_with_schedule  # noqa: E402
 
@@ -231,12 +233,16 @@ def decoding_table(plan: Plan, batches=(1, 8)) -> dict:
     device = str(plan.device)
     model = GPT(plan.config).eval()
     hf = _transformers_decoder(model, plan)
-    place_model(model, device, getattr(torch, decoding_dtype("auto", device)), "auto")
+    compiled = plan.device.type == "cuda"  # generate.py's decoder=auto
+    place_model(model, device, getattr(torch, decoding_dtype("auto", device)),
+                "auto" if not compiled else False)
     rows = {}
     for batch in batches:
         prompt = torch.randint(0, plan.config.vocab_size, (batch, plan.prompt_tokens),
                                generator=torch.Generator().manual_seed(batch)).to(device)
-        runs = {"ours": lambda p=prompt: generate(model, p, plan.new_tokens, temperature=0)}
+        decoder = StaticDecoder(model, batch, compile=True) if compiled else None
+        runs = {"ours": lambda p=prompt, d=decoder: generate(model, p, plan.new_tokens,
+                                                             temperature=0, decoder=d)}
         if hf is not None:
             runs["transformers"] = lambda p=prompt: hf.generate(
                 p, attention_mask=torch.ones_like(p), max_new_tokens=plan.new_tokens,

@@ -138,6 +138,20 @@ class MultiHeadAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, self.d_out)  # (B, T, C)
         return self.out_proj(y)
 
+    def decode_into(self, x: Tensor, keys: Tensor, values: Tensor, slot: Tensor,
+                    visible: Tensor, position_ids: Tensor) -> Tensor:
+        """One new token per row, x (B, 1, d_in), against fixed-size buffers: its key/value go
+        to ``slot`` (1,) of ``keys``/``values`` (B, nkv, S, hd), and it attends to the slots
+        ``visible`` (B, S) marks. No shape depends on how many tokens came before, so a GPU can
+        replay the step as one CUDA graph (``minigpt.static_decoding``)."""
+        q, k, v = self._project(x, None, None)
+        if self.rope_theta is not None:
+            q, k = self._rotate(q, k, 0, position_ids)
+        keys.index_copy_(2, slot, k)
+        values.index_copy_(2, slot, v)
+        y = self._sdpa(q, keys, values, attn_mask=visible[:, None, None, :])  # (B, nh, 1, hd)
+        return self.out_proj(y.transpose(1, 2).reshape(x.shape[0], 1, self.d_out))
+
     def _causal_attention(self, q: Tensor, k: Tensor, v: Tensor, offset: int,
                           padding: Tensor | None, dropout_p: float) -> Tensor:
         """Full causal attention of T queries at positions offset.. over L keys."""

@@ -247,12 +247,12 @@ class GPT(nn.Module):
             if not self.unbounded:
                 check_context_fits(offset + T, self.config.context_length)
             position_ids = torch.arange(offset, offset + T, device=idx.device)[None]  # (1, T)
-        x = self.drop(self._embed(idx, position_ids))  # (B, T, C)
+        x = self.drop(self.embed(idx, position_ids))  # (B, T, C)
         for i, block in enumerate(self.blocks):
             x = block(x, key_padding_mask, kv_caches[i] if kv_caches else None, position_ids)
         return self.final_norm(x)
 
-    def _embed(self, idx: Tensor, position_ids: Tensor) -> Tensor:
+    def embed(self, idx: Tensor, position_ids: Tensor) -> Tensor:
         """Token embeddings plus, for learned positions, the position table's rows (B, T, C)."""
         if self.pos_emb is None:  # rope: positions enter in the attention
             return self.tok_emb(idx)
@@ -264,22 +264,27 @@ class GPT(nn.Module):
         generation goes past ``context_length`` without cropping."""
         return self.config.position == "rope" and self.config.window is not None
 
+    def kv_cache_capacity(self, capacity: int | None = None) -> int:
+        """Tokens each layer's cache holds: ``capacity`` (default ``context_length``), or the
+        window for a sliding-window model (at most ``capacity`` unless ``unbounded``)."""
+        c = self.config
+        capacity = capacity or c.context_length
+        if c.window is None:
+            return capacity
+        return c.window if self.unbounded else min(c.window, capacity)
+
     def new_kv_caches(
         self, batch_size: int, capacity: int | None = None, *, device=None, dtype=None
     ) -> list[KVCache]:
-        """One preallocated cache per block, holding up to ``capacity`` tokens
-        (``context_length`` by default). A sliding-window model gets ``RingKVCache``s of
-        ``window`` slots (at most ``capacity`` unless ``unbounded``): their size never grows."""
+        """One preallocated cache per block, holding up to ``kv_cache_capacity(capacity)``
+        tokens. A sliding-window model gets ``RingKVCache``s: their size never grows."""
         c = self.config
-        capacity = capacity or c.context_length
-        kind = KVCache
-        if c.window is not None:
-            kind = RingKVCache
-            capacity = c.window if self.unbounded else min(c.window, capacity)
+        kind = KVCache if c.window is None else RingKVCache
         weight = self.tok_emb.weight
         return [
-            kind.empty(batch_size, c.kv_heads, capacity, c.n_embd // c.n_head,
-                       device=device or weight.device, dtype=dtype or weight.dtype)
+            kind.empty(batch_size, c.kv_heads, self.kv_cache_capacity(capacity),
+                       c.n_embd // c.n_head, device=device or weight.device,
+                       dtype=dtype or weight.dtype)
             for _ in range(c.n_layer)
         ]
 

@@ -151,6 +151,7 @@ def generate(
     on_token: Callable[[Tensor], None] | None = None,
     vocab_size: int | None = None,
     crop_to: int | None = None,
+    decoder=None,
 ) -> Tensor:
     """Append up to ``max_new_tokens`` sampled tokens to ``idx`` (B, T); return (B, T + n).
 
@@ -170,10 +171,14 @@ def generate(
         vocab_size: only ids below it are ever sampled (a model's vocabulary may be padded
             beyond its tokenizer's).
         crop_to: tokens kept when the window is full (see the module docstring).
+        decoder: a ``minigpt.static_decoding.StaticDecoder`` of this model and batch size: the
+            one-token steps run with its fixed-shape caches (compiled into a CUDA graph on a
+            GPU) instead of the growing slices of the eager caches; the tokens are the same.
     """
     validate_sampling(temperature, top_k, top_p)
     B, T, pad_counts = _check_generate_inputs(model, idx, max_new_tokens, key_padding_mask,
                                               vocab_size, crop_to)
+    _check_decoder(decoder, model, B, use_cache)
     ctx = _window_limit(model)
     keep = crop_to if crop_to is not None else max(1, model.config.context_length // 2)
     # Window start (a column of `out`) per row, as python ints: no device syncs in the loop.
@@ -191,23 +196,25 @@ def generate(
     model.eval()
     try:
         N = _decode(model, out, T, starts, keep, sample, eos_id=eos_id, use_cache=use_cache,
-                    on_token=on_token, vocab_size=vocab_size)
+                    on_token=on_token, vocab_size=vocab_size, decoder=decoder)
         return out[:, :N]
     finally:
         model.train(was_training)
 
 
 def _decode(model, out: Tensor, T: int, starts: list[int], keep: int, sample, *, eos_id,
-            use_cache: bool, on_token, vocab_size) -> int:
+            use_cache: bool, on_token, vocab_size, decoder) -> int:
     """Fill ``out[:, T:]`` one sampled token per step; return the number of columns filled
     (fewer than ``out``'s when every row has produced ``eos_id``)."""
     B, total = out.shape
     ctx = _window_limit(model)
     padded = any(s != starts[0] for s in starts)
     finished = torch.zeros(B, dtype=torch.bool, device=out.device) if eos_id is not None else None
-    caches = model.new_kv_caches(B) if use_cache else None
+    caches = None
+    if use_cache:
+        caches = model.new_kv_caches(B) if decoder is None else decoder.kv_caches()
     N = T  # tokens so far: out[:, :N]
-    logits = _forward_window(model, out, N, starts, padded, caches) if use_cache else None
+    logits = _fill_caches(model, out, N, starts, padded, caches, decoder) if use_cache else None
     while True:
         if not use_cache:
             logits = _forward_window(model, out, N, starts, padded, None)
@@ -226,12 +233,34 @@ def _decode(model, out: Tensor, T: int, starts: list[int], keep: int, sample, *,
             if use_cache:  # positions shifted: recompute the cropped window once
                 for cache in caches:
                     cache.reset()
-                logits = _forward_window(model, out, N, starts, padded, caches)
+                logits = _fill_caches(model, out, N, starts, padded, caches, decoder)
+        elif decoder is not None:
+            logits = decoder.step(out[:, N - 1:N])
         elif use_cache:
             position_ids = None
             if padded:
                 position_ids = (N - 1 - torch.tensor(starts, device=out.device))[:, None]
             logits = model(out[:, N - 1:N], position_ids=position_ids, kv_caches=caches)
+
+
+def _fill_caches(model, out: Tensor, N: int, starts: list[int], padded: bool, caches, decoder):
+    """``_forward_window`` into ``caches``; then a static decoder learns what they hold."""
+    logits = _forward_window(model, out, N, starts, padded, caches)
+    if decoder is not None:
+        decoder.sync(caches, starts)
+    return logits
+
+
+def _check_decoder(decoder, model, batch_size: int, use_cache: bool) -> None:
+    if decoder is None:
+        return
+    if not use_cache:
+        raise ValueError("a static decoder decodes with its KV cache; give use_cache=True or "
+                         "no decoder")
+    if decoder.model is not model or decoder.batch_size != batch_size:
+        raise ValueError(f"this decoder was built for another model or batch size "
+                         f"({decoder.batch_size} rows, not {batch_size}); build "
+                         "StaticDecoder(model, batch_size)")
 
 
 def _window_limit(model) -> float:

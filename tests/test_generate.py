@@ -144,6 +144,17 @@ def test_greedy_sample_matches_the_library(char_ckpt):
         assert printed == samples[0] + "\n"  # streamed (one sample), same text
 
 
+def test_compiled_decoder_gives_the_eager_samples(char_ckpt, capsys):
+    """``decoder=compiled`` (the GPU default: fixed-shape caches in one compiled step) samples
+    what the eager decoder samples, greedy and seeded, with the prompt's window crops."""
+    path, _, _ = char_ckpt
+    for args in (("temperature=0",), ("seed=3", "top_k=5", "num_samples=2")):
+        args = (f"ckpt_path={path}", "prompt=First", "max_new_tokens=45", "stop_at_eot=false",
+                *args)
+        assert run(*args, "decoder=compiled")[0] == run(*args, "decoder=eager")[0]
+    assert "compiled decoder; cpu speedups: none" in capsys.readouterr().err
+
+
 def test_newest_checkpoint_is_the_default(char_ckpt, monkeypatch):
     path, _, _ = char_ckpt
     monkeypatch.chdir(path.parents[3])  # the folder holding outputs/
@@ -210,6 +221,7 @@ def test_long_prompt_is_cropped(char_ckpt, capsys):
         (["temperature=-0.1"], ValueError, r"temperature=-0\.1 must be >= 0"),
         (["top_k=0"], ValueError, r"top_k=0 must be an integer >= 1"),
         (["num_samples=0", "dtype=float8"], ValueError, r"num_samples=0 .*dtype='float8'"),
+        (["decoder=static"], ValueError, r"decoder='static' must be one of \('auto', 'eager', "),
         (["prompt=@missing.txt"], FileNotFoundError, r"prompt file missing\.txt not found"),
     ],
 )

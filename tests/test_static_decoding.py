@@ -1,0 +1,134 @@
+"""The fixed-shape decoder (minigpt.static_decoding) against two oracles: the eager KV-cache
+decoder and the model run on the whole window every step (no cache). Every attention variant,
+left-padded prompts, crops and sliding-window rings; then the compiled step (one graph, no
+recompiles) and the CUDA-graph path where a GPU is present."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minigpt.model import GPT, GPTConfig
+from minigpt.sampling import generate, pad_prompts
+from minigpt.static_decoding import StaticDecoder
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VARIANTS = {  # GPTConfig fields at 4 heads
+    "gpt2": {},
+    "gqa": {"num_kv_heads": 2},
+    "rope": {"position": "rope"},
+    "window": {"window": 5},
+    "rope_window": {"position": "rope", "window": 5},
+}
+
+
+def tiny(name: str, context_length: int = 16, device: str = "cpu") -> GPT:
+    torch.manual_seed(0)
+    # init_std=1: greedy choices depend strongly on the context, so a wrong slot, position or
+    # mask shows up as different tokens
+    return GPT(GPTConfig(vocab_size=61, context_length=context_length, n_layer=2, n_head=4,
+                         n_embd=32, init_std=1.0, **VARIANTS[name])).to(device).eval()
+
+
+def _prompts(device="cpu"):
+    return pad_prompts([[3, 1, 4, 1, 5, 9, 2], [6], [5, 3, 5]], device=device)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("crop_to", [None, 16])
+def test_greedy_tokens_match_eager_and_uncached_decoding(name, crop_to):
+    model = tiny(name)
+    idx, mask = _prompts()
+    new = 40  # past the context (16) several times: crops, refills and ring wrap-arounds
+    kwargs = dict(temperature=0, key_padding_mask=mask, crop_to=crop_to)
+    uncached = generate(model, idx, new, use_cache=False, **kwargs)
+    eager = generate(model, idx, new, **kwargs)
+    static = generate(model, idx, new, decoder=StaticDecoder(model, 3), **kwargs)
+    assert torch.equal(eager, uncached)
+    assert torch.equal(static, uncached)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_step_logits_match_the_eager_cache(name):
+    model = tiny(name)
+    idx, mask = _prompts()
+    decoder = StaticDecoder(model, 3)
+    static_caches, eager_caches = decoder.kv_caches(), model.new_kv_caches(3)
+    position_ids = (torch.arange(7) - mask.sum(1, keepdim=True)).clamp(min=0)
+    with torch.inference_mode():
+        for caches in (static_caches, eager_caches):
+            model(idx, key_padding_mask=mask, position_ids=position_ids, kv_caches=caches)
+        decoder.sync(static_caches, mask.sum(1).tolist())
+        for step in range(9):  # up to the context (16); the window models wrap their 5-slot rings
+            token = torch.tensor([[step % 61], [7], [11 * step % 61]])
+            positions = 7 + step - mask.sum(1, keepdim=True)
+            expected = model(token, position_ids=positions, kv_caches=eager_caches)
+            got = decoder.step(token)
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)  # logits ~10
+
+
+def test_seeded_sampling_is_the_same_with_either_decoder():
+    model = tiny("gpt2")
+    idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    runs = [generate(model, idx, 30, temperature=0.9, top_k=20, decoder=decoder,
+                     generator=torch.Generator().manual_seed(5))
+            for decoder in (None, StaticDecoder(model, 2))]
+    assert torch.equal(*runs)
+
+
+def test_a_decoder_is_reused_across_calls():
+    model = tiny("rope_window")
+    decoder = StaticDecoder(model, 1)
+    for prompt in ([[1, 2, 3, 4, 5, 6, 7]], [[9]]):  # the second call must not see the first
+        idx = torch.tensor(prompt)
+        expected = generate(model, idx, 12, temperature=0)
+        assert torch.equal(generate(model, idx, 12, temperature=0, decoder=decoder), expected)
+
+
+def test_wrong_decoder_is_refused():
+    model = tiny("gpt2")
+    with pytest.raises(ValueError, match=r"built for another model or batch size \(2 rows, not 1"):
+        generate(model, torch.tensor([[1]]), 3, decoder=StaticDecoder(model, 2))
+    with pytest.raises(ValueError, match="use_cache=True or no decoder"):
+        generate(model, torch.tensor([[1]]), 3, decoder=StaticDecoder(model, 1), use_cache=False)
+
+
+def test_bfloat16_weights_keep_bfloat16_caches():
+    model = tiny("gqa").to(torch.bfloat16)
+    decoder = StaticDecoder(model, 1)
+    assert decoder.keys.dtype == torch.bfloat16
+    assert decoder.keys.shape == (2, 1, 2, 16, 8)  # layers, batch, kv heads, slots, head dim
+    idx = torch.tensor([[1, 2, 3]])
+    assert torch.equal(generate(model, idx, 10, temperature=0, decoder=decoder),
+                       generate(model, idx, 10, temperature=0))
+
+
+def test_compiled_step_is_one_graph_for_every_step():
+    """``compile=True`` traces the step once (fullgraph: no graph breaks) and never recompiles
+    as the cache fills, wraps or is refilled after a crop: on a GPU, one CUDA graph."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = tiny("rope_window")
+    idx = torch.tensor([[3, 1, 4, 1, 5]])
+    expected = generate(model, idx, 20, temperature=0)
+    decoder = StaticDecoder(model, 1, compile=True)
+    assert torch.equal(generate(model, idx, 20, temperature=0, decoder=decoder), expected)
+    assert torch.equal(generate(model, idx[:, :2], 20, temperature=0, decoder=decoder),
+                       generate(model, idx[:, :2], 20, temperature=0))
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_graph_decoding_matches_eager():
+    from torch._inductor.utils import counters
+
+    counters.clear()
+    model = tiny("gpt2", context_length=64, device="cuda").to(torch.bfloat16)
+    idx = torch.tensor([[3, 1, 4, 1, 5]], device="cuda")
+    decoder = StaticDecoder(model, 1, compile=True)
+    expected = generate(model, idx, 40, temperature=0)
+    assert torch.equal(generate(model, idx, 40, temperature=0, decoder=decoder), expected)
+    assert counters["inductor"]["cudagraph_skips"] == 0  # the step really is a CUDA graph
