@@ -50,7 +50,7 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
     applied = place_model(model, device, getattr(torch, dtype),
                           cfg.cpu_speedups if not compiled else False)
     start = ids or [tokenizer.eot_id]  # an empty prompt starts a new document
-    if len(start) > ctx:
+    if len(start) > ctx and not model.unbounded:  # rope + window models read any length
         _info(f"prompt has {len(start)} tokens but the model sees at most context_length={ctx}: "
               f"conditioning on the last {ctx}")
         start = start[-ctx:]

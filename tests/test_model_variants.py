@@ -229,6 +229,19 @@ def test_generate_py_runs_a_rope_window_checkpoint_past_its_context(tmp_path):
     assert len(samples[0]) == len("hear") + 50  # 54 characters from a 16-token context
 
 
+def test_generate_py_keeps_a_long_prompt_whole_for_a_rope_window_model(tmp_path, capsys):
+    tokenizer = get_tokenizer("char", text="hear me speak")
+    model = tiny("rope_window", vocab_size=64, init_std=0.5)
+    path = save_checkpoint(tmp_path / "x.ckpt", model, tokenizer)
+    prompt = "hear me speak " * 3  # 42 tokens, the context is 16
+    ids = generate(model, torch.tensor([tokenizer.encode(prompt)]), 20, temperature=0,
+                   vocab_size=tokenizer.vocab_size)[0].tolist()
+    samples = run_generate_py(f"ckpt_path={path}", f"prompt='{prompt}'", "max_new_tokens=20",
+                              "temperature=0", "stop_at_eot=false")
+    assert samples == [tokenizer.decode(ids)]  # the sampler saw all 42 tokens
+    assert "conditioning on the last" not in capsys.readouterr().err
+
+
 def test_attention_maps_show_the_window_band():
     from minigpt.viz import attention_maps
 
