@@ -46,8 +46,13 @@ class StaticDecoder(nn.Module):
         like = {"device": weight.device, "dtype": weight.dtype}
         self.model = model
         self.batch_size, self.window, self.ring = batch_size, c.window, c.window is not None
-        self.register_buffer("keys", torch.zeros(c.n_layer, batch_size, c.kv_heads, S, hd, **like))
-        self.register_buffer("values", torch.zeros_like(self.keys))
+        # One buffer per layer and per keys/values, not slices of one tensor: the graph writes a
+        # token's slot in place only when the tensor it writes is a graph input itself; into a
+        # view of a shared buffer, inductor copies each layer's whole cache every step.
+        for layer in range(c.n_layer):
+            for name in ("keys", "values"):
+                self.register_buffer(f"{name}_{layer}",
+                                     torch.zeros(batch_size, c.kv_heads, S, hd, **like))
         device = weight.device
         self.register_buffer("padding", torch.zeros(batch_size, S, dtype=torch.bool, device=device))
         self.register_buffer("stream_index", torch.full((S,), -1, dtype=torch.long, device=device))
@@ -63,8 +68,18 @@ class StaticDecoder(nn.Module):
             if compile else self._decode_step
 
     @property
+    def keys(self) -> list[Tensor]:
+        """Each layer's key buffer (B, nkv, S, hd)."""
+        return [getattr(self, f"keys_{layer}") for layer in range(len(self.model.blocks))]
+
+    @property
+    def values(self) -> list[Tensor]:
+        """Each layer's value buffer (B, nkv, S, hd)."""
+        return [getattr(self, f"values_{layer}") for layer in range(len(self.model.blocks))]
+
+    @property
     def capacity(self) -> int:
-        return self.keys.shape[3]
+        return self.keys_0.shape[2]
 
     def kv_caches(self) -> list[KVCache]:
         """The model's caches as views of this decoder's buffers, for the eager prompt pass."""

@@ -97,8 +97,9 @@ def test_wrong_decoder_is_refused():
 def test_bfloat16_weights_keep_bfloat16_caches():
     model = tiny("gqa").to(torch.bfloat16)
     decoder = StaticDecoder(model, 1)
-    assert decoder.keys.dtype == torch.bfloat16
-    assert decoder.keys.shape == (2, 1, 2, 16, 8)  # layers, batch, kv heads, slots, head dim
+    assert len(decoder.keys) == len(decoder.values) == 2  # one buffer per layer
+    assert all(k.dtype == torch.bfloat16 for k in decoder.keys + decoder.values)
+    assert decoder.keys[0].shape == (1, 2, 16, 8)  # batch, kv heads, slots, head dim
     idx = torch.tensor([[1, 2, 3]])
     assert torch.equal(generate(model, idx, 10, temperature=0, decoder=decoder),
                        generate(model, idx, 10, temperature=0))
@@ -121,14 +122,38 @@ def test_compiled_step_is_one_graph_for_every_step():
     assert counters["stats"]["unique_graphs"] == 1
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_cuda_graph_decoding_matches_eager():
-    from torch._inductor.utils import counters
+def test_compiled_step_writes_the_caches_in_place():
+    """The compiled step writes each new key/value into its slot; it never allocates a copy of
+    a layer's cache (that would move the whole cache through memory on every token)."""
+    from torch._inductor.utils import run_and_get_code
 
+    torch._dynamo.reset()
+    model = tiny("gqa")
+    decoder = StaticDecoder(model, 3, compile=True)
+    with torch.inference_mode():
+        _, code = run_and_get_code(decoder.step, torch.tensor([[1], [2], [3]]))
+    cache_shape = str(tuple(decoder.keys[0].shape))  # (3, 2, 16, 8)
+    allocations = [line for line in "\n".join(code).splitlines()
+                   if "empty_strided" in line and cache_shape in line]
+    assert allocations == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("name", ["gpt2", "rope_window"])
+def test_cuda_graph_decoding_matches_eager(name):
+    """On a GPU the step is captured as a CUDA graph (none skipped) and decodes the same tokens
+    as the eager decoder, for one row and for a left-padded batch past a crop or ring wrap."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
     counters.clear()
-    model = tiny("gpt2", context_length=64, device="cuda").to(torch.bfloat16)
-    idx = torch.tensor([[3, 1, 4, 1, 5]], device="cuda")
-    decoder = StaticDecoder(model, 1, compile=True)
-    expected = generate(model, idx, 40, temperature=0)
-    assert torch.equal(generate(model, idx, 40, temperature=0, decoder=decoder), expected)
-    assert counters["inductor"]["cudagraph_skips"] == 0  # the step really is a CUDA graph
+    model = tiny(name, device="cuda")  # float32: the two decoders agree to rounding
+    one_row = torch.tensor([[3, 1, 4, 1, 5]], device="cuda")
+    for idx, mask in ((one_row, None), _prompts("cuda")):
+        decoder = StaticDecoder(model, idx.shape[0], compile=True)
+        expected = generate(model, idx, 40, temperature=0, key_padding_mask=mask)
+        for _ in range(2):  # the second call replays the captured graph
+            got = generate(model, idx, 40, temperature=0, key_padding_mask=mask, decoder=decoder)
+            assert torch.equal(got, expected), name
+    skips = counters["inductor"]["cudagraph_skips"]
+    assert skips == 0, f"{skips} CUDA graph capture(s) skipped: {dict(counters['inductor'])}"
