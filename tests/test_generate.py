@@ -149,8 +149,10 @@ def test_compiled_decoder_gives_the_eager_samples(char_ckpt, capsys):
     what the eager decoder samples, greedy and seeded, with the prompt's window crops."""
     path, _, _ = char_ckpt
     for args in (("temperature=0",), ("seed=3", "top_k=5", "num_samples=2")):
-        args = (f"ckpt_path={path}", "prompt=First", "max_new_tokens=45", "stop_at_eot=false",
-                *args)
+        # On the CPU both decode in float32 and agree exactly; a GPU's default bf16 weights
+        # round differently in the two (test_static_decoding covers CUDA graphs in float32).
+        args = (f"ckpt_path={path}", "device=cpu", "prompt=First", "max_new_tokens=45",
+                "stop_at_eot=false", *args)
         assert run(*args, "decoder=compiled")[0] == run(*args, "decoder=eager")[0]
     assert "compiled decoder; cpu speedups: none" in capsys.readouterr().err
 
