@@ -25,12 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minigpt.attention_checks import check_context_fits, check_sizes, check_variants
 from minigpt.kv_cache import KVCache, RingKVCache
-from minigpt.rope import apply_rope, rope_angles
+from minigpt.rope import apply_rope, check_rope_head_dim, check_rope_theta, rope_angles
 from minigpt.window import (
     banded_attention,
     cached_window_attention,
+    check_window,
     finite_rows,
     window_mask,
 )
@@ -75,10 +75,10 @@ class MultiHeadAttention(nn.Module):
     ):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        problems = check_sizes(d_in, d_out, context_length, num_heads, dropout)
+        problems = _check_sizes(d_in, d_out, context_length, num_heads, dropout)
         if not problems:  # the variants' checks need valid sizes
-            problems = check_variants(d_out // num_heads, num_heads, num_kv_heads, rope,
-                                      rope_theta, window)
+            problems = _check_variants(d_out // num_heads, num_heads, num_kv_heads, rope,
+                                       rope_theta, window)
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -266,6 +266,45 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(
                     f"key_padding_mask must be bool (True = padding), got {key_padding_mask.dtype}"
                 )
+
+
+def _check_sizes(d_in, d_out, context_length, num_heads, dropout) -> list[str]:
+    """Problems with the book's constructor arguments."""
+    problems = []
+    for name, value in (("d_in", d_in), ("d_out", d_out), ("context_length", context_length),
+                        ("num_heads", num_heads)):
+        if not isinstance(value, int) or value <= 0:
+            problems.append(f"{name}={value!r} must be a positive integer")
+    if not problems and d_out % num_heads != 0:
+        problems.append(f"d_out={d_out} must be divisible by num_heads={num_heads}")
+    if not 0.0 <= float(dropout) < 1.0:
+        problems.append(f"dropout={dropout} must be in [0, 1)")
+    return problems
+
+
+def _check_variants(head_dim, num_heads, num_kv_heads, rope, rope_theta, window) -> list[str]:
+    """Problems with the variant keywords (for valid sizes)."""
+    problems = [check_kv_heads(num_kv_heads, num_heads), check_window(window)]
+    if rope:
+        problems += [check_rope_head_dim(head_dim), check_rope_theta(rope_theta)]
+    return [p for p in problems if p]
+
+
+def check_kv_heads(num_kv_heads, num_heads) -> str | None:
+    """The problem with ``num_kv_heads`` key/value heads for ``num_heads`` query heads, or None."""
+    if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) \
+            or not isinstance(num_heads, int) or not 1 <= num_kv_heads <= max(num_heads, 1):
+        return f"num_kv_heads={num_kv_heads!r} must be an integer in [1, num_heads={num_heads}]"
+    if num_heads % num_kv_heads:
+        return f"num_kv_heads={num_kv_heads} must divide num_heads={num_heads}"
+    return None
+
+
+def check_context_fits(tokens: int, context_length: int) -> None:
+    """Refuse more tokens than the model was built to see, naming the fix."""
+    if tokens > context_length:
+        raise ValueError(f"{tokens} tokens exceed context_length={context_length}; "
+                         "crop the input to the last context_length tokens")
 
 
 def _attention_mask(

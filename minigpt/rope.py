@@ -24,6 +24,14 @@ def check_rope_head_dim(head_dim: int) -> str | None:
     return None
 
 
+def check_rope_theta(rope_theta) -> str | None:
+    """The problem with rope's base wavelength, or None."""
+    if isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float)) \
+            or not rope_theta > 0:
+        return f"rope_theta={rope_theta!r} must be a positive number"
+    return None
+
+
 def rope_angles(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
     """cos and sin of every pair's angle: (B, 1, T, hd/2) float32 for positions (B, T)."""
     exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)

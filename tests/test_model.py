@@ -193,6 +193,22 @@ def test_core_imports_no_framework_and_no_speedups():
     assert out.stdout.strip() == "[]"
 
 
+def test_block_and_model_import_only_torch_and_the_blocks_helpers():
+    """A reader of attention.py and model.py never leaves torch: beyond what ``import torch``
+    loads, importing them adds the standard library and the block's variant helpers only."""
+    code = (
+        "import sys, torch\n"
+        "before = set(sys.modules)\n"
+        "import minigpt.attention, minigpt.model\n"
+        "added = {m for m in set(sys.modules) - before if not m.startswith('_')}\n"
+        "print(sorted(m for m in added if m.split('.')[0] not in sys.stdlib_module_names))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == repr(sorted(
+        ["minigpt", "minigpt.attention", "minigpt.kv_cache", "minigpt.model", "minigpt.rope",
+         "minigpt.window"]))
+
+
 def test_hf_conversion_does_not_import_the_model_back():
     code = "import sys, minigpt.hf\nprint('minigpt.model' in sys.modules)\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
