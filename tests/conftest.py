@@ -26,3 +26,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def checkpoint_v1(tmp_path_factory) -> Path:
+    """A checkpoint written by the code before the layout split (tests/fixtures/README.md), made
+    a file again from its text form."""
+    from checkpoint_text import from_text
+
+    fixture = Path(__file__).parent / "fixtures" / "checkpoint_v1.json"
+    path = tmp_path_factory.mktemp("fixtures") / "checkpoint_v1.ckpt"
+    torch.save(from_text(fixture.read_text()), path)
+    return path

@@ -12,9 +12,9 @@ from minigpt.checkpoint import load_checkpoint
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def test_checkpoint_from_before_the_layout_split_gives_the_same_logits():
+def test_checkpoint_from_before_the_layout_split_gives_the_same_logits(checkpoint_v1):
     expected = json.loads((FIXTURES / "checkpoint_v1_logits.json").read_text())
-    model, tokenizer, meta = load_checkpoint(FIXTURES / "checkpoint_v1.ckpt")
+    model, tokenizer, meta = load_checkpoint(checkpoint_v1)
     assert meta["format_version"] == 1
     assert tokenizer.encode(expected["prompt"]) == expected["ids"]
     with torch.no_grad():

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests" / "fixtures" / "checkpoint_v1.ckpt"
 # The fixture's model, so a resume of it gets past the model check.
 FIXTURE_MODEL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=8", "model.context_length=16"]
 QUIET = ["logger=none", "trainer.enable_progress_bar=false"]
@@ -29,10 +28,11 @@ def cli(tmp: Path, program: str, *args: str) -> tuple[subprocess.CompletedProces
     return result, time.perf_counter() - start
 
 
-def cases(tmp: Path) -> list[tuple[str, str, list[str], str]]:
-    """(case, program, arguments, text the one line must contain)."""
+def cases(tmp: Path, checkpoint: Path) -> list[tuple[str, str, list[str], str]]:
+    """(case, program, arguments, text the one line must contain); ``checkpoint`` is the
+    fixture's 3-step run."""
     truncated = tmp / "truncated.ckpt"
-    truncated.write_bytes(FIXTURE.read_bytes()[:20_000])
+    truncated.write_bytes(checkpoint.read_bytes()[:20_000])
     (tmp / "corpus").mkdir()
     (tmp / "corpus" / "good.txt").write_text("plain text " * 20)
     for name in ("bad1.txt", "bad2.txt"):
@@ -46,10 +46,10 @@ def cases(tmp: Path) -> list[tuple[str, str, list[str], str]]:
         ("truncated checkpoint", "train.py", [f"ckpt_path={truncated}", data, *QUIET],
          "truncated.ckpt is not a readable checkpoint"),
         ("other model", "train.py",
-         [f"ckpt_path={FIXTURE}", *FIXTURE_MODEL, "model.n_layer=2", data, *QUIET],
+         [f"ckpt_path={checkpoint}", *FIXTURE_MODEL, "model.n_layer=2", data, *QUIET],
          "model.n_layer=2 here, 1 in the checkpoint"),
         ("past the end", "train.py",
-         [f"ckpt_path={FIXTURE}", *FIXTURE_MODEL, "trainer.max_steps=2", data, *QUIET],
+         [f"ckpt_path={checkpoint}", *FIXTURE_MODEL, "trainer.max_steps=2", data, *QUIET],
          "is at step 3; trainer.max_steps=2: raise trainer.max_steps above 3"),
         ("truncated checkpoint to sample", "generate.py", [f"ckpt_path={truncated}"],
          "truncated.ckpt is not a readable checkpoint"),
@@ -59,8 +59,8 @@ def cases(tmp: Path) -> list[tuple[str, str, list[str], str]]:
     ]
 
 
-def test_bad_inputs_are_one_line_and_exit_2(tmp_path):
-    table = cases(tmp_path)
+def test_bad_inputs_are_one_line_and_exit_2(tmp_path, checkpoint_v1):
+    table = cases(tmp_path, checkpoint_v1)
     with ThreadPoolExecutor(max_workers=2) as pool:  # each is mostly interpreter start-up
         results = list(pool.map(lambda c: cli(tmp_path, c[1], *c[2]), table))
     for (case, _, _, expected), (result, seconds) in zip(table, results, strict=True):

@@ -2,32 +2,28 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from minigpt.checkpoint import CheckpointError
 from minigpt.train.config import ConfigError
 from minigpt.train.resume import check_resume_matches, read_resume_point
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_v1.ckpt"
 
-
-def test_resume_point_of_a_checkpoint():
-    point = read_resume_point(str(FIXTURE), max_steps=10)
+def test_resume_point_of_a_checkpoint(checkpoint_v1):
+    point = read_resume_point(str(checkpoint_v1), max_steps=10)
     assert point.step == 3 and point.model_config["n_layer"] == 1
     assert point.tokenizer["type"] == "char"
 
 
 @pytest.mark.parametrize("max_steps", [2, 3])
-def test_a_checkpoint_at_or_past_max_steps_is_refused(max_steps):
+def test_a_checkpoint_at_or_past_max_steps_is_refused(checkpoint_v1, max_steps):
     with pytest.raises(ConfigError, match=rf"is at step 3; trainer.max_steps={max_steps}: raise "
                                           r"trainer.max_steps above 3 to continue"):
-        read_resume_point(str(FIXTURE), max_steps=max_steps)
+        read_resume_point(str(checkpoint_v1), max_steps=max_steps)
 
 
-def test_mismatches_are_named_with_both_values_and_the_fix():
-    point = read_resume_point(str(FIXTURE), max_steps=10)
+def test_mismatches_are_named_with_both_values_and_the_fix(checkpoint_v1):
+    point = read_resume_point(str(checkpoint_v1), max_steps=10)
     run = {**point.model_config, "n_layer": 2, "dropout": 0.1}  # dropout may change on resume
     tokenizer = {**point.tokenizer, "chars": "ab", "vocab_size": 3}
     with pytest.raises(ConfigError) as error:
@@ -35,13 +31,13 @@ def test_mismatches_are_named_with_both_values_and_the_fix():
     message = str(error.value)
     assert "model.n_layer=2 here, 1 in the checkpoint" in message
     assert "dropout" not in message and "tokenizer is 'char' (3 ids) here, 'char' (81 ids)" in message
-    assert f"model.init_from={FIXTURE}" in message and "\n" not in message
+    assert f"model.init_from={checkpoint_v1}" in message and "\n" not in message
     check_resume_matches(point, {**point.model_config, "dropout": 0.1}, point.tokenizer)
 
 
-def test_a_truncated_checkpoint_is_one_line(tmp_path):
+def test_a_truncated_checkpoint_is_one_line(tmp_path, checkpoint_v1):
     cut = tmp_path / "cut.ckpt"
-    cut.write_bytes(FIXTURE.read_bytes()[:20_000])
+    cut.write_bytes(checkpoint_v1.read_bytes()[:20_000])
     with pytest.raises(CheckpointError, match=r"cut.ckpt is not a readable checkpoint") as error:
         read_resume_point(str(cut), max_steps=10)
     assert "weights_only=False" not in str(error.value)
