@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_text import from_text
 
 # Tests never need an account or a network: wandb writes local files, the hubs are not asked.
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -32,8 +33,6 @@ def one_thread():
 def checkpoint_v1(tmp_path_factory) -> Path:
     """A checkpoint written by the code before the layout split (tests/fixtures/README.md), made
     a file again from its text form."""
-    from checkpoint_text import from_text
-
     fixture = Path(__file__).parent / "fixtures" / "checkpoint_v1.json"
     path = tmp_path_factory.mktemp("fixtures") / "checkpoint_v1.ckpt"
     torch.save(from_text(fixture.read_text()), path)
