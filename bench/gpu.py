@@ -9,7 +9,7 @@
    loss compiled together when ``compile: auto`` says so, bf16 autocast, fused AdamW, gradient
    clipping) and ``transformers.GPT2LMHeadModel`` (SDPA attention, bf16 autocast, forward +
    cross-entropy compiled alike), same shapes and batch: tokens/s, MFU against the GPU's peak
-   (``minigpt.train.device``), the step's peak memory above what stays resident.
+   (Lightning's ``get_available_flops``), the step's peak memory above what stays resident.
 2. ``train.py`` itself for a few dozen steps (defaults: precision and compile auto, GPT-2 small
    shapes on character data with the vocabulary pinned to 50304, so no download): the tokens/s
    and MFU it logs; then the same on 2 processes (DDP) when there are 2+ GPUs.
@@ -39,11 +39,13 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
+from lightning.fabric.utilities.throughput import get_available_flops  # noqa: E402
+
 from generate import decoding_dtype, place_model  # noqa: E402
 from minigpt.model import GPT, GPTConfig  # noqa: E402
 from minigpt.sampling import generate  # noqa: E402
 from minigpt.static_decoding import StaticDecoder  # noqa: E402
-from minigpt.train.device import compile_enabled, peak_flops  # noqa: E402
+from minigpt.train.device import compile_enabled  # noqa: E402
 from minigpt.train.optim import adamw_with_schedule  # noqa: E402
 
 OPTIM = {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 10, "decay_steps": 1000,
@@ -89,7 +91,7 @@ def tiny_plan() -> Plan:
 # ---- 1. the training step, ours vs transformers ---------------------------------------------
 
 def _train_step(model: torch.nn.Module, loss_fn, plan: Plan):
-    """One optimizer step as LitGPT runs it under bf16-mixed: autocast, backward, clip, step."""
+    """One optimizer step as the loop runs it under bf16-mixed: autocast, backward, clip, step."""
     optimizer, _ = adamw_with_schedule(model, OPTIM, fused=True)
     loss_fn = torch.compile(loss_fn) if plan.compiled else loss_fn
 
@@ -180,7 +182,7 @@ def training_table(plan: Plan) -> dict:
     x, y = torch.randint(0, plan.config.vocab_size, (2, plan.batch, plan.config.context_length),
                          generator=gen).to(plan.device)
     seconds = time_interleaved(steps, plan, x, y)
-    peak = peak_flops(plan.device)
+    peak = get_available_flops(plan.device, torch.bfloat16)
     flops_per_token = _flops_per_token(plan.config)  # the same architecture for both
     rows = {}
     for name, step in steps.items():
