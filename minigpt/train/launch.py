@@ -5,9 +5,11 @@ loggers and hooks."""
 from __future__ import annotations
 
 from lightning.fabric import Fabric
+from lightning.fabric.strategies import FSDPStrategy
 from omegaconf import DictConfig, OmegaConf
 
 from minigpt.errors import ConfigError
+from minigpt.model import Block
 from minigpt.train.device import fsdp_mixed_precision
 from minigpt.train.plan import RunPlan
 
@@ -32,10 +34,6 @@ def fsdp_strategy(plan: RunPlan, fsdp: dict):
     """One FSDP unit per transformer block; activation checkpointing per block if asked;
     sharded checkpoints (each rank writes its shard, resumable on any number of processes) or
     one full file gathered into rank 0's memory."""
-    from lightning.fabric.strategies import FSDPStrategy
-
-    from minigpt.model import Block
-
     return FSDPStrategy(
         auto_wrap_policy={Block},
         activation_checkpointing_policy={Block} if fsdp.get("activation_checkpointing") else None,

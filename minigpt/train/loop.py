@@ -32,7 +32,7 @@ from minigpt.train.rng import set_rng_state
 from minigpt.train.sample import Sampler
 
 
-class NextTokenLoss(nn.Module):
+class ModelWithLoss(nn.Module):
     """A GPT and its training objective as one module, which Fabric wraps (DDP, FSDP,
     precision): a step is one forward through the wrapper, (B, T) tokens and targets in, the
     mean loss out. Its state dict is the model's prefixed ``model.``, every checkpoint's layout.
@@ -70,7 +70,7 @@ class Loop:
 
     fabric: Fabric
     plan: RunPlan
-    module: nn.Module  # NextTokenLoss, set up by Fabric
+    module: nn.Module  # ModelWithLoss, set up by Fabric
     optimizer: torch.optim.Optimizer  # set up by Fabric
     scheduler: torch.optim.lr_scheduler.LRScheduler
     data: TokenDataModule

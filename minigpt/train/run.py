@@ -17,14 +17,18 @@ import logging
 import os
 import warnings
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 from lightning.fabric import Fabric
 from lightning.fabric.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
 from minigpt.checkpoint import MODEL_FILE, find_latest_checkpoint, is_sharded_checkpoint
+from minigpt.consolidate import consolidate
+from minigpt.cpu import speed_up_training
 from minigpt.data import DataConfig, TokenDataModule, check_vocab_fits, open_tokens, prepare_dataset
 from minigpt.errors import ConfigError
 from minigpt.model import GPT
@@ -33,7 +37,7 @@ from minigpt.train.checkpoints import LAST, CheckpointFiles, restore
 from minigpt.train.config import check_config, gpt_config
 from minigpt.train.launch import build_fabric
 from minigpt.train.loggers import build_loggers
-from minigpt.train.loop import Loop, NextTokenLoss, Progress
+from minigpt.train.loop import Loop, ModelWithLoss, Progress
 from minigpt.train.model_init import init_model, padded_vocab_size
 from minigpt.train.optim import adamw_with_schedule
 from minigpt.train.plan import RunPlan, resolve_plan
@@ -149,8 +153,6 @@ def apply_cpu_speedups(model: GPT, plan: RunPlan) -> list[str]:
     it applied. Called once, after the model is built and before compiling or FSDP wrapping."""
     if not plan.cpu_speedups:
         return []
-    from minigpt.cpu import speed_up_training
-
     applied = speed_up_training(model, precision=plan.precision, compiled=plan.compile)
     rank_zero_info(f"cpu speedups: {', '.join(applied) or 'none apply'}")
     return applied
@@ -159,7 +161,7 @@ def apply_cpu_speedups(model: GPT, plan: RunPlan) -> list[str]:
 def build_loop(cfg: DictConfig, fabric: Fabric, plan: RunPlan, setup: Setup, run_dir: Path) -> Loop:
     """The model wrapped by Fabric (DDP/FSDP, precision), its optimizer and schedule, and the
     loop around them."""
-    module = fabric.setup_module(NextTokenLoss(setup.model, plan.compile, fullgraph=not plan.fsdp))
+    module = fabric.setup_module(ModelWithLoss(setup.model, plan.compile, fullgraph=not plan.fsdp))
     optim = OmegaConf.to_container(cfg.optim, resolve=True)
     # The fused kernel steps all parameters of a group at once. Not under fp16: there the grad
     # scaler must unscale the gradients before they are clipped.
@@ -214,8 +216,6 @@ def consolidate_at_end(fabric: Fabric, ckpt_dir: Path) -> None:
     """After training with sharded FSDP checkpoints: the model-only ``model.ckpt`` consolidated
     from the final ``last.ckpt`` by rank 0, for ``generate.py``."""
     if fabric.is_global_zero:
-        from minigpt.consolidate import consolidate
-
         fabric.print(f"consolidated the model into {consolidate(ckpt_dir / LAST, ckpt_dir / MODEL_FILE)}")
     fabric.barrier()
 
@@ -270,8 +270,6 @@ def resolve_ckpt_path(ckpt_path: str | None, root: Path) -> str | None:
 def run_id() -> str:
     """The last part of the run directory: the time (HH-MM-SS), or for a multi-process launch by
     torchrun or srun an id that every rank and node shares (their clocks may straddle a second)."""
-    from datetime import datetime
-
     env = os.environ
     if env.get("TORCHELASTIC_RUN_ID", "none") != "none":
         return f"torchrun-{env['TORCHELASTIC_RUN_ID']}"
@@ -283,8 +281,6 @@ def run_id() -> str:
 def _run_dir(run_dir) -> Path:
     if run_dir is not None:
         return Path(run_dir)
-    from hydra.core.hydra_config import HydraConfig
-
     return Path(HydraConfig.get().runtime.output_dir)
 
 

@@ -6,6 +6,7 @@ import contextlib
 from pathlib import Path
 
 import torch
+from lightning.fabric.utilities import rank_zero_warn
 from torch import nn
 
 from minigpt.sampling import generate
@@ -19,7 +20,7 @@ def gathered_parameters(wrapped: nn.Module | None, recurse: bool = False):
     sharded root-level parameters (embeddings, final LayerNorm) of FSDP's root unit. With
     ``recurse=False`` only those are gathered: each Block unit gathers its own in its forward.
     A collective: every rank must enter it."""
-    if wrapped is not None and torch.distributed.is_available():
+    if wrapped is not None and torch.distributed.is_available():  # builds without it exist
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         root = next((m for m in wrapped.modules() if isinstance(m, FullyShardedDataParallel)), None)
@@ -60,8 +61,6 @@ class Sampler:
             return self.tokenizer.decode(out[0].tolist())
         except Exception as e:
             self.failed = True
-            from lightning.fabric.utilities import rank_zero_warn
-
             rank_zero_warn(f"sampling failed, samples are off for this run: {type(e).__name__}: {e}")
             return None
         finally:

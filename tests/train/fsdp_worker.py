@@ -1,6 +1,6 @@
 """One rank of tests/train/test_fsdp.py: ``torchrun --nproc_per_node 2 tests/train/fsdp_worker.py OUT_DIR``.
 
-Wraps a tiny GPT the way Fabric's FSDPStrategy does with our settings (NextTokenLoss as
+Wraps a tiny GPT the way Fabric's FSDPStrategy does with our settings (ModelWithLoss as
 the root unit, one unit per Block, FULL_SHARD, use_orig_params), trains a few steps on this
 rank's half of each batch, then writes (rank-wise JSON) how far the gathered parameters are from
 a plain single-process model trained on the whole batches, and the greedy sample each gives.
@@ -23,7 +23,7 @@ from minigpt.train.sample import gathered_parameters
 
 
 class Root(nn.Module):
-    """Stands in for NextTokenLoss: the loop runs a step through the root unit's forward."""
+    """Stands in for ModelWithLoss: the loop runs a step through the root unit's forward."""
 
     def __init__(self, model: GPT):
         super().__init__()

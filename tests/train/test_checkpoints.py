@@ -66,13 +66,13 @@ def test_lightning_era_checkpoint_resumes(tmp_path, checkpoint_v1):
     from minigpt.checkpoint import load_checkpoint
     from minigpt.data import TokenDataModule
     from minigpt.train.checkpoints import restore
-    from minigpt.train.loop import NextTokenLoss
+    from minigpt.train.loop import ModelWithLoss
     from minigpt.train.optim import adamw_with_schedule
 
     model, _, meta = load_checkpoint(checkpoint_v1)
     fresh = type(model)(model.config)
     fabric = Fabric(accelerator="cpu", devices=1)
-    module = fabric.setup_module(NextTokenLoss(fresh))
+    module = fabric.setup_module(ModelWithLoss(fresh))
     optim = {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 1, "decay_steps": 10,
              "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.99, "eps": 1e-8}
     optimizer, scheduler = adamw_with_schedule(module, optim, fused=False)

@@ -126,12 +126,13 @@ def test_wandb_login_detection_and_fallback(tmp_path, monkeypatch, data_root):
 
 
 def test_cpu_speedups_and_keep_freed_memory_on_cpu_runs_only(data_root, monkeypatch):
-    import minigpt.cpu
+    import minigpt.train.run
     from minigpt.train.plan import resolve_plan
     from minigpt.train.run import apply_cpu_speedups
 
     calls = []
-    monkeypatch.setattr(minigpt.cpu, "speed_up_training", lambda *a, **k: calls.append(k) or [])
+    monkeypatch.setattr(minigpt.train.run, "speed_up_training",
+                        lambda *a, **k: calls.append(k) or [])
     model = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=1, n_head=2, n_embd=16))
     gpu = resolve_plan(tiny_cfg(data_root, "trainer.accelerator=gpu"), world_size=1)
     assert not gpu.cpu_speedups and apply_cpu_speedups(model, gpu) == []
