@@ -202,10 +202,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_interleaved(runs: dict, plan: Plan, *args, forbid_syncs: bool = False) -> dict[str, float]:
+def time_interleaved(runs: dict, plan: Plan, *args, forbid_syncs: tuple = ()) -> dict[str, float]:
     """Median seconds per call of each run, called in turn after ``plan.warmup`` calls each.
-    ``forbid_syncs``: on CUDA, a timed call that reads a value back to the host raises
-    (``torch.cuda.set_sync_debug_mode("error")``)."""
+    ``forbid_syncs``: names of runs whose timed calls raise on CUDA if they read a value back
+    to the host (``torch.cuda.set_sync_debug_mode("error")``)."""
     for run in runs.values():
         for _ in range(plan.warmup):
             run(*args)
@@ -214,7 +214,7 @@ def time_interleaved(runs: dict, plan: Plan, *args, forbid_syncs: bool = False) 
         for name, run in runs.items():
             _sync(plan.device)
             start = time.perf_counter()
-            with _no_syncs(plan.device, forbid_syncs):
+            with _no_syncs(plan.device, name in forbid_syncs):
                 run(*args)
             _sync(plan.device)
             times[name].append(time.perf_counter() - start)
@@ -250,7 +250,7 @@ def training_table(plan: Plan, attention: dict) -> dict:
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randint(0, plan.config.vocab_size, (2, plan.batch, plan.config.context_length),
                          generator=gen).to(plan.device)
-    seconds = time_interleaved(steps, plan, x, y, forbid_syncs=True)
+    seconds = time_interleaved(steps, plan, x, y, forbid_syncs=("ours",))
     peak = get_available_flops(plan.device, torch.bfloat16)
     flops_per_token = _flops_per_token(plan.config)  # the same architecture for both
     rows = {}
