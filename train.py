@@ -5,10 +5,10 @@ A thin Hydra entry point; the work is ``minigpt.train.run.run``."""
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from minigpt.train.run import run_id
+from minigpt.train.run_dir import claim_run_dir
 
-# outputs/<date>/${run_id:}: one directory per run, shared by all ranks (configs/train.yaml)
-OmegaConf.register_new_resolver("run_id", run_id, use_cache=True)
+# ${run_dir:outputs/<date>}: a directory of its own for each run, shared by all ranks of a launch
+OmegaConf.register_new_resolver("run_dir", claim_run_dir, use_cache=True)
 
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")

@@ -35,7 +35,8 @@ def build_loggers(logger_cfg: DictConfig, run_dir: Path) -> list[Logger]:
         raise ConfigError(f"logger.type={kind!r} must be wandb, csv or none")
     if kind == "none":
         return []
-    csv = CSVLogger(root_dir=run_dir, name="csv", version="")
+    # Written through at every logging step, so a user watching metrics.csv sees it grow.
+    csv = CSVLogger(root_dir=run_dir, name="csv", version="", flush_logs_every_n_steps=1)
     return [csv] if kind == "csv" else [csv, WandbRun(logger_cfg, run_dir)]
 
 

@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import warnings
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.fabric import Fabric
-from lightning.fabric.utilities import rank_zero_info, rank_zero_warn
+from lightning.fabric.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
 from minigpt.checkpoint import MODEL_FILE, find_latest_checkpoint, is_sharded_checkpoint
@@ -47,6 +45,7 @@ from minigpt.train.preflight import (
     vocab_before_data,
 )
 from minigpt.train.resume import ResumePoint, check_resume_matches, read_resume_point
+from minigpt.train.run_dir import check_run_dir_free, remove_unstarted
 from minigpt.train.sample import Sampler, gathered_parameters
 
 log = logging.getLogger(__name__)
@@ -56,10 +55,32 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     """Train as ``cfg`` says; return ``{"run_dir", "last", "best", "val_loss", "steps"}``.
 
     ``run_dir`` defaults to Hydra's run directory; ``callbacks`` are Fabric callbacks (see
-    ``minigpt.train.loop`` for the hooks the loop calls)."""
+    ``minigpt.train.loop`` for the hooks the loop calls). A failure before the first training
+    step leaves nothing behind in ``run_dir``."""
+    run_dir = _run_dir(run_dir).resolve()
+    check_run_dir_free(run_dir, cfg.get("ckpt_path"))  # before anything of ours is written there
+    started = []
+    try:
+        return _run(cfg, run_dir, list(callbacks) + [_FirstStep(started)])
+    except BaseException:
+        if not started and rank_zero_only.rank == 0:
+            remove_unstarted(run_dir)
+        raise
+
+
+class _FirstStep:
+    """Notes that training started (a Fabric callback)."""
+
+    def __init__(self, started: list):
+        self.started = started
+
+    def on_train_batch_start(self, loop, micro):
+        self.started.append(True)
+
+
+def _run(cfg: DictConfig, run_dir: Path, callbacks: list) -> dict:
     check_config(cfg)
     quiet_warnings()
-    run_dir = _run_dir(run_dir).resolve()
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), Path("outputs"))
     resume = read_resume_point(ckpt_path, cfg.trainer.max_steps) if ckpt_path else None
     plan = resolve_plan(cfg, world_size=1)
@@ -265,17 +286,6 @@ def resolve_ckpt_path(ckpt_path: str | None, root: Path) -> str | None:
     if not path.is_file() and not is_sharded_checkpoint(path):
         raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
     return str(path)
-
-
-def run_id() -> str:
-    """The last part of the run directory: the time (HH-MM-SS), or for a multi-process launch by
-    torchrun or srun an id that every rank and node shares (their clocks may straddle a second)."""
-    env = os.environ
-    if env.get("TORCHELASTIC_RUN_ID", "none") != "none":
-        return f"torchrun-{env['TORCHELASTIC_RUN_ID']}"
-    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in env:
-        return f"slurm-{env['SLURM_JOB_ID']}-{env.get('SLURM_STEP_ID', '0')}"
-    return datetime.now().strftime("%H-%M-%S")
 
 
 def _run_dir(run_dir) -> Path:

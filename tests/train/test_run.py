@@ -480,7 +480,7 @@ def test_lightning_tips_are_dropped_and_our_messages_kept(caplog):
 
 
 def test_run_id_is_shared_by_the_ranks_of_a_launch(monkeypatch):
-    from minigpt.train.run import run_id
+    from minigpt.train.run_dir import run_id
 
     for var in ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_STEP_ID"):
         monkeypatch.delenv(var, raising=False)
@@ -492,3 +492,48 @@ def test_run_id_is_shared_by_the_ranks_of_a_launch(monkeypatch):
     assert run_id() == "slurm-42-3"
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
     assert run_id() == "torchrun-abc"
+
+
+def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, monkeypatch):
+    from minigpt.train import run_dir as run_dirs
+
+    monkeypatch.setattr(run_dirs, "run_id", lambda: "10-11-12")
+    parent = str(tmp_path / "outputs" / "2026-11-25")
+    assert run_dirs.claim_run_dir(parent).endswith("/10-11-12")
+    assert run_dirs.claim_run_dir(parent).endswith("/10-11-12-2")
+    monkeypatch.setattr(run_dirs, "run_id", lambda: "torchrun-abc")  # shared by the ranks
+    assert run_dirs.claim_run_dir(parent) == run_dirs.claim_run_dir(parent)
+
+
+def test_a_new_run_refuses_another_runs_directory_and_a_failed_start_leaves_nothing(
+        tmp_path, data_root):
+    other = tmp_path / "other"
+    (other / "checkpoints").mkdir(parents=True)
+    (other / "checkpoints" / "last.ckpt").write_bytes(b"theirs")
+    (other / "config.yaml").write_text("theirs")
+    with pytest.raises(ConfigError, match=r"holds another run's checkpoints \(last.ckpt\); to "
+                       r"continue that run add ckpt_path=.*last.ckpt"):
+        run(tiny_cfg(data_root), other)
+    assert (other / "config.yaml").read_text() == "theirs"  # untouched
+    mine = tmp_path / "mine"  # a start that fails after the run wrote its first files
+    (mine / ".hydra").mkdir(parents=True)
+    (mine / "train.log").write_text("")
+    with pytest.raises(ConfigError, match="data.batch_size=0"):
+        run(tiny_cfg(data_root, "data.batch_size=0"), mine)
+    assert not mine.exists()
+
+
+def test_two_runs_started_together_end_in_two_complete_directories(tmp_path, data_root):
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    args = [*TINY, f"data_root={data_root}", "trainer.max_steps=2", "trainer.val_check_interval=2"]
+    runs = [subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    for process in runs:
+        _, err = process.communicate(timeout=180)
+        assert process.returncode == 0, err[-2000:]
+    dirs = sorted(p.parent for p in (tmp_path / "outputs").rglob("summary.json"))
+    assert len(dirs) == 2, dirs
+    for run_dir in dirs:
+        assert json.loads((run_dir / "summary.json").read_text())["run_dir"] == str(run_dir)
+        assert (run_dir / "checkpoints" / "best.ckpt").is_file()
