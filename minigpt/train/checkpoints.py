@@ -30,15 +30,18 @@ from minigpt.errors import ConfigError
 from minigpt.train.rng import rng_state
 
 BEST, LAST = "best.ckpt", "last.ckpt"
+OPTIMIZER_NAMES = ("optimizer", "muon")  # AdamW (alone, or for what Muon does not step), Muon
 
 
-def training_state(module, optimizer, scheduler, data, progress: dict, model_config: dict,
-                   tokenizer: dict) -> dict:
-    """The state ``fabric.save`` writes. Collective (every process's RNG state is gathered)."""
+def training_state(module, optimizers: dict, schedulers: dict, data, progress: dict,
+                   model_config: dict, tokenizer: dict) -> dict:
+    """The state ``fabric.save`` writes: ``optimizers`` by name (``optimizer``, ``muon``) and
+    their schedulers' states under ``schedulers``. Collective (every process's RNG state is
+    gathered)."""
     return {
         "model": module,
-        "optimizer": optimizer,
-        "scheduler": scheduler.state_dict(),
+        **optimizers,
+        "schedulers": {name: s.state_dict() for name, s in schedulers.items()},
         "data": data.state_dict(),
         **progress,  # global_step, best_val_loss, val_loss
         "rng_states": _gather(rng_state()),
@@ -54,18 +57,29 @@ def _gather(obj) -> list:
     return [obj]
 
 
-def restore(fabric: Fabric, path: str | Path, module, optimizer, scheduler, data) -> dict:
-    """Load ``path`` into the model, optimizer, scheduler and data position; return the progress
-    (``global_step``, ``best_val_loss``) and this process's RNG state (``rng``, or None for a
-    process the checkpoint had none for), which the loop restores once its batches are ready."""
+def restore(fabric: Fabric, path: str | Path, module, optimizers: dict, schedulers: dict,
+            data) -> dict:
+    """Load ``path`` into the model, optimizers, schedulers and data position; return the
+    progress (``global_step``, ``best_val_loss``) and this process's RNG state (``rng``, or None
+    for a process the checkpoint had none for), which the loop restores once its batches are
+    ready."""
     path = Path(path)
-    legacy = _format_version(path) == 1
+    version, stored = _format_version(path)
+    legacy = version == 1
+    if stored is not None and stored != set(optimizers):
+        raise ConfigError(f"ckpt_path={path} was trained with optimizer(s) {sorted(stored)}, this "
+                          f"run has {sorted(optimizers)}: resume with the optim it was trained "
+                          f"with, or start a new run from its weights with model.init_from={path}")
     if legacy and not is_sharded_checkpoint(path):
-        rest = _restore_legacy_file(fabric, path, module, optimizer)
+        rest = _restore_legacy_file(fabric, path, module, optimizers["optimizer"])
+    elif legacy:
+        rest = fabric.load(path, {"model": module, "optimizer_0": optimizers["optimizer"]},
+                           strict=False, weights_only=True)
     else:
-        parts = {"model": module, ("optimizer_0" if legacy else "optimizer"): optimizer}
-        rest = fabric.load(path, parts, strict=False, weights_only=True)
-    scheduler.load_state_dict(rest["lr_schedulers"][0] if legacy else rest["scheduler"])
+        rest = fabric.load(path, {"model": module, **optimizers}, strict=False, weights_only=True)
+    states = {"optimizer": rest["lr_schedulers"][0]} if legacy else rest["schedulers"]
+    for name, scheduler in schedulers.items():
+        scheduler.load_state_dict(states[name])
     data.load_state_dict(rest["TokenDataModule"] if legacy else rest["data"])
     states = rest.get("rng_states") or []
     rank = fabric.global_rank
@@ -73,10 +87,15 @@ def restore(fabric: Fabric, path: str | Path, module, optimizer, scheduler, data
             "rng": states[rank] if rank < len(states) else None}
 
 
-def _format_version(path: Path) -> int:
-    meta_file = path / "meta.pt" if is_sharded_checkpoint(path) else path
-    checkpoint = torch.load(meta_file, map_location="cpu", weights_only=True, mmap=path.is_file())
-    return checkpoint[METADATA_KEY]["format_version"]
+def _format_version(path: Path) -> tuple[int, set | None]:
+    """The checkpoint's format version and, for a whole file of today's format, the names of
+    the optimizers it holds (None where that is not known without loading shards)."""
+    if is_sharded_checkpoint(path):
+        meta = torch.load(path / "meta.pt", map_location="cpu", weights_only=True)
+        return meta[METADATA_KEY]["format_version"], None
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    version = checkpoint[METADATA_KEY]["format_version"]
+    return version, ({k for k in OPTIMIZER_NAMES if k in checkpoint} if version >= 2 else None)
 
 
 def _restore_legacy_file(fabric: Fabric, path: Path, module, optimizer) -> dict:

@@ -34,6 +34,20 @@ def check_config(cfg: DictConfig) -> None:
     if isinstance(o.get("min_lr"), (int, float)) and isinstance(o.get("lr"), (int, float)) \
             and o.lr > 0 and o.min_lr > o.lr:
         problems.append(f"optim.min_lr={o.min_lr} must not exceed optim.lr={o.lr}")
+    if o.get("schedule", "cosine") not in ("cosine", "wsd"):
+        problems.append(f"optim.schedule={o.get('schedule')!r} must be cosine or wsd")
+    fraction = o.get("cooldown_fraction", 0.45)
+    if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        problems.append(f"optim.cooldown_fraction={fraction!r} must be in (0, 1]")
+    if o.get("name", "adamw") not in ("adamw", "muon"):
+        problems.append(f"optim.name={o.get('name')!r} must be adamw or muon (optim=adamw|muon)")
+    for key in ("muon_lr", "muon_momentum", "muon_weight_decay"):
+        value = o.get(key)
+        if o.get("name") == "muon" and (not isinstance(value, (int, float)) or value < 0):
+            problems.append(f"optim.{key}={value!r} must be a number >= 0")
+    target = t.get("target_val_loss")
+    if target is not None and (not isinstance(target, (int, float)) or target <= 0):
+        problems.append(f"trainer.target_val_loss={target!r} must be null or a loss > 0")
     for key in ("beta1", "beta2"):
         if not 0 <= o.get(key, 0.9) < 1:
             problems.append(f"optim.{key}={o.get(key)} must be in [0, 1)")

@@ -71,8 +71,8 @@ class Loop:
     fabric: Fabric
     plan: RunPlan
     module: nn.Module  # ModelWithLoss, set up by Fabric
-    optimizer: torch.optim.Optimizer  # set up by Fabric
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    optimizers: dict  # name -> optimizer set up by Fabric: "optimizer" (AdamW), "muon"
+    schedulers: dict  # name -> its per-step LR scheduler
     data: TokenDataModule
     checkpoints: CheckpointFiles
     sampler: Sampler
@@ -80,11 +80,14 @@ class Loop:
     grad_clip: float | None = None
     bytes_per_token: float | None = None  # UTF-8 bytes per validation token, for bits per byte
     peak_flops: float | None = None  # per device, for MFU (known GPUs: Lightning's table)
+    target_val_loss: float | None = None  # report the steps, tokens and time it took
+    stop_at_target: bool = False
+    target: dict | None = None  # what reaching target_val_loss took, once it has
     progress_bar: bool = True
     progress: Progress = field(default_factory=Progress)
     pending_rng: dict | None = None  # restored once the training batches are ready
     stop: StopRequest | None = None
-    lr: float = 0.0  # the learning rate of the latest step
+    lrs: dict = field(default_factory=dict)  # the learning rates of the latest step, by name
     metrics: dict = field(default_factory=dict)  # the last values logged, by name
 
     @property
@@ -105,14 +108,25 @@ class Loop:
                 loss = self.module(x, y) / accumulate
                 fabric.backward(loss)
             step_loss += loss.detach()
-        grad_norm = fabric.clip_gradients(self.module, self.optimizer,
-                                          max_norm=self.grad_clip or math.inf,
-                                          error_if_nonfinite=False)  # True would read it back
-        self.lr = self.optimizer.param_groups[0]["lr"]  # the lr this step uses
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = self.clip_gradients()
+        for name, optimizer in self.optimizers.items():
+            self.lrs["lr" if name == "optimizer" else f"lr_{name}"] = \
+                optimizer.param_groups[0]["lr"]  # the lr this step uses
+            optimizer.step()
+            self.schedulers[name].step()
+            optimizer.zero_grad(set_to_none=True)
         return step_loss, grad_norm
+
+    def clip_gradients(self) -> torch.Tensor:
+        """Clip the global gradient norm (``optim.grad_clip``; none: inf); return the norm before
+        clipping, on the device. ``error_if_nonfinite=True`` would read it back to the host."""
+        max_norm = self.grad_clip or math.inf
+        if len(self.optimizers) == 1:  # Fabric's: unscales fp16 gradients, knows FSDP's shards
+            return self.fabric.clip_gradients(self.module, self.optimizers["optimizer"],
+                                              max_norm=max_norm, error_if_nonfinite=False)
+        # Several optimizers (never under fp16 or FSDP): one norm over all of the model's.
+        return torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm,
+                                              error_if_nonfinite=False)
 
     # ---- the run --------------------------------------------------------------------------------
     def fit(self) -> Progress:
@@ -125,8 +139,8 @@ class Loop:
             set_rng_state(self.pending_rng)
             self.pending_rng = None
         self.module.train()
-        clock = TrainingClock(self._throughput(), plan,
-                              self.model.flops_per_token(plan.batch.context_length))
+        clock = self.clock = TrainingClock(self._throughput(), plan,
+                                           self.model.flops_per_token(plan.batch.context_length))
         bar = tqdm(total=plan.max_steps, initial=self.progress.global_step, desc="train",
                    unit="step", dynamic_ncols=True,
                    disable=not (fabric.is_global_zero and self.progress_bar))
@@ -142,7 +156,7 @@ class Loop:
                     values = {"train/loss": float(loss), "grad_norm": float(grad_norm)}
                 clock.step_done()
                 if logs:
-                    self.log({**values, "lr": self.lr, **clock.rates(step)}, step)
+                    self.log({**values, **self.lrs, **clock.rates(step)}, step)
                     bar.set_postfix(loss=f"{values['train/loss']:.4f}", refresh=False)
                 bar.update(1)
                 if step % plan.val_every == 0 or step == plan.max_steps:
@@ -150,6 +164,8 @@ class Loop:
                     clock.restart()  # validation, samples and checkpoints are not training time
                 if self.stop.requested():
                     self.save_and_exit()
+                if self.target is not None and self.stop_at_target:
+                    break
         return self.progress
 
     def log(self, metrics: dict, step: int) -> None:
@@ -186,6 +202,7 @@ class Loop:
         self.log(metrics, step)
         if self.fabric.is_global_zero:
             bar.write(f"step {step}: val/loss {loss:.4f}")
+        self.check_target(loss, step)
         self.sample(step)
         best = self.progress.best_val_loss
         improved = best is None or loss < best
@@ -199,6 +216,20 @@ class Loop:
         else:
             self.checkpoints.write(LAST, state)
 
+    def check_target(self, loss: float, step: int) -> None:
+        """At the first validation at or below ``target_val_loss``: what it took, printed,
+        logged (``target/*``) and kept for ``summary.json``."""
+        if self.target_val_loss is None or self.target is not None or loss > self.target_val_loss:
+            return
+        self.target = {"val_loss": self.target_val_loss, "reached": loss, "steps": step,
+                       "tokens": step * self.plan.batch.tokens_per_step,
+                       "seconds": round(self.clock.elapsed, 1)}
+        self.log({f"target/{k}": float(v) for k, v in self.target.items()
+                  if k in ("steps", "tokens", "seconds")}, step)
+        self.fabric.print(f"target val/loss {self.target_val_loss} reached at step {step}: "
+                          f"{self.target['tokens']:,} tokens, {self.target['seconds']} s of "
+                          "training")
+
     def sample(self, step: int) -> None:
         text = self.sampler.sample(self.model, self.fabric.device, self.fabric.autocast(),
                                    self.module)
@@ -211,7 +242,7 @@ class Loop:
                 logger.log_samples(self.sampler.rows)
 
     def state(self) -> dict:
-        return training_state(self.module, self.optimizer, self.scheduler, self.data,
+        return training_state(self.module, self.optimizers, self.schedulers, self.data,
                               self.progress.as_dict(), self.model.config.to_dict(), self.tokenizer)
 
     def save_and_exit(self) -> None:

@@ -1,6 +1,7 @@
-"""Optimizer math: AdamW parameter groups and the warmup + cosine learning-rate schedule.
+"""Optimizer math: parameter groups, AdamW alone or Muon for the blocks' matrices with AdamW for
+the rest, and the learning-rate schedules (warmup + cosine, warmup-stable-decay).
 
-Pure functions with tests; the LightningModule only wires them together.
+Pure functions with tests; the run wires them together.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from functools import partial
 
 import torch
 from torch import nn
+
+from minigpt.errors import ConfigError
+from minigpt.model import Block
 
 
 def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, decay_steps: int) -> float:
@@ -23,9 +27,48 @@ def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, decay_steps: i
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def wsd_lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, decay_steps: int,
+              cooldown_fraction: float) -> float:
+    """Warmup-stable-decay: the same linear warmup, then ``lr`` held, then a linear cooldown to
+    ``min_lr`` over the last ``cooldown_fraction`` of the ``decay_steps`` (reached at
+    ``decay_steps``, held after). A run can be extended from any step of its stable phase."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    if step >= decay_steps:
+        return min_lr
+    cooldown_start = max(warmup_steps, decay_steps - math.ceil(cooldown_fraction * decay_steps))
+    if step < cooldown_start:
+        return lr
+    progress = (step - cooldown_start) / max(1, decay_steps - cooldown_start)  # in [0, 1)
+    return lr + (min_lr - lr) * progress
+
+
+SCHEDULES = {"cosine": lr_at, "wsd": wsd_lr_at}
+
+
+def lr_ratio(step: int, *, schedule: str = "cosine", lr: float, **shape) -> float:
+    """The schedule's learning rate as a multiple of ``lr`` (what ``LambdaLR`` wants)."""
+    return SCHEDULES[schedule](step, lr, **shape) / lr
+
+
+def schedule_for(optimizer: torch.optim.Optimizer, optim: dict) -> torch.optim.lr_scheduler.LambdaLR:
+    """A per-step ``LambdaLR`` of ``optim.schedule``; each group's own learning rate is the peak.
+    A partial, so its arguments (not a closure) are inspectable; the step count lives in the
+    scheduler's state and comes back on resume."""
+    schedule = optim.get("schedule", "cosine")
+    shape = {"min_lr": optim["min_lr"], "warmup_steps": optim["warmup_steps"],
+             "decay_steps": optim["decay_steps"]}
+    if schedule == "wsd":
+        shape["cooldown_fraction"] = optim["cooldown_fraction"]
+    # min_lr is given for optim.lr; the ratio makes it the same fraction of every group's peak
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, partial(lr_ratio, schedule=schedule, lr=optim["lr"], **shape))
+
+
+def param_groups(model: nn.Module, weight_decay: float, exclude: set[int] = frozenset()) -> list[dict]:
     """AdamW groups: weight decay on the weight matrices of ``nn.Linear`` layers only; biases,
     LayerNorm and embeddings (including the LM head tied to the token embedding) get none.
+    ``exclude``: ids of parameters another optimizer steps.
 
     Decided by module type, not ``p.dim()``, so it also holds for FSDP's flattened shards."""
     embedding_ids = {
@@ -36,7 +79,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     } - embedding_ids
     decay, no_decay = [], []
     for p in model.parameters():  # yields a tied tensor once
-        if p.requires_grad:
+        if p.requires_grad and id(p) not in exclude:
             (decay if id(p) in decay_ids else no_decay).append(p)
     return [
         {"params": decay, "weight_decay": weight_decay},
@@ -44,23 +87,59 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def adamw_with_schedule(model: nn.Module, optim: dict, *, fused: bool):
-    """AdamW over ``param_groups`` and a per-step ``LambdaLR`` following ``lr_at``.
+def block_matrices(model: nn.Module) -> list[nn.Parameter]:
+    """The 2-D weights of the linear layers inside the transformer blocks (attention and MLP
+    projections): what Muon orthogonalizes. Embeddings, the LM head, norms and biases are not."""
+    found, seen = [], set()
+    for block in (m for m in model.modules() if isinstance(m, Block)):
+        for layer in (m for m in block.modules() if isinstance(m, nn.Linear)):
+            if layer.weight.ndim == 2 and id(layer.weight) not in seen:
+                seen.add(id(layer.weight))
+                found.append(layer.weight)
+    return found
 
-    ``optim``: lr, min_lr, warmup_steps, decay_steps, weight_decay, beta1, beta2, eps. ``fused``
-    steps all parameters of a group in one kernel; the caller decides where that is allowed."""
-    optimizer = torch.optim.AdamW(
-        param_groups(model, optim["weight_decay"]), lr=optim["lr"],
+
+def adamw(model: nn.Module, optim: dict, *, fused: bool, exclude: set[int] = frozenset()):
+    """AdamW over ``param_groups``. ``fused`` steps all parameters of a group in one kernel; the
+    caller decides where that is allowed."""
+    return torch.optim.AdamW(
+        param_groups(model, optim["weight_decay"], exclude), lr=optim["lr"],
         betas=(optim["beta1"], optim["beta2"]), eps=optim["eps"],
         **({"fused": True} if fused else {}),
     )
-    # A partial, so its arguments (not a closure) are inspectable; the step count lives in the
-    # scheduler's state and comes back on resume.
-    schedule = partial(lr_ratio, lr=optim["lr"], min_lr=optim["min_lr"],
-                       warmup_steps=optim["warmup_steps"], decay_steps=optim["decay_steps"])
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 
-def lr_ratio(step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_steps: int) -> float:
-    """``lr_at`` as a multiple of ``lr`` (what ``LambdaLR`` wants)."""
-    return lr_at(step, lr, min_lr, warmup_steps, decay_steps) / lr
+def build_optimizers(model: nn.Module, optim: dict, *, fused: bool) -> dict:
+    """``{"optimizer": AdamW}`` for ``optim.name=adamw``; for ``muon`` also ``{"muon": Muon}`` over
+    ``block_matrices`` (its own lr, momentum and weight decay), AdamW keeping the rest."""
+    if optim.get("name", "adamw") != "muon":
+        return {"optimizer": adamw(model, optim, fused=fused)}
+    muon_class = getattr(torch.optim, "Muon", None)
+    if muon_class is None:
+        raise ConfigError(f"optim=muon needs torch.optim.Muon (torch 2.9 or later; this is "
+                          f"torch {torch.__version__}): upgrade torch or train with optim=adamw")
+    matrices = block_matrices(model)
+    muon = muon_class(matrices, lr=optim["muon_lr"], weight_decay=optim["muon_weight_decay"],
+                      momentum=optim["muon_momentum"], nesterov=True,
+                      adjust_lr_fn=optim.get("muon_adjust_lr"))
+    rest = adamw(model, optim, fused=fused, exclude={id(p) for p in matrices})
+    return {"optimizer": rest, "muon": muon}
+
+
+def check_muon_runs(optim_name: str, strategy: str, precision: str) -> None:
+    """Muon where it cannot run: a one-line error naming the way out."""
+    if optim_name != "muon":
+        return
+    if strategy == "fsdp":
+        raise ConfigError("optim=muon does not run under trainer=fsdp (FSDP hands the optimizer "
+                          "flattened shards, not the matrices Muon orthogonalizes); use "
+                          "trainer=ddp, or optim=adamw with FSDP")
+    if precision.startswith("16"):
+        raise ConfigError(f"optim=muon does not run with trainer.precision={precision} (one "
+                          "gradient scaler for two optimizers); use bf16-mixed or 32-true")
+
+
+def adamw_with_schedule(model: nn.Module, optim: dict, *, fused: bool):
+    """AdamW over ``param_groups`` and its per-step schedule (``schedule_for``)."""
+    optimizer = adamw(model, optim, fused=fused)
+    return optimizer, schedule_for(optimizer, optim)

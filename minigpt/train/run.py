@@ -37,7 +37,7 @@ from minigpt.train.launch import build_fabric
 from minigpt.train.loggers import build_loggers
 from minigpt.train.loop import Loop, ModelWithLoss, Progress
 from minigpt.train.model_init import init_model, padded_vocab_size
-from minigpt.train.optim import adamw_with_schedule
+from minigpt.train.optim import build_optimizers, check_muon_runs, schedule_for
 from minigpt.train.plan import RunPlan, resolve_plan
 from minigpt.train.preflight import (
     check_run_fits,
@@ -104,7 +104,7 @@ def _run(cfg: DictConfig, run_dir: Path, callbacks: list) -> dict:
     Fabric.seed_everything(cfg.seed + fabric.global_rank, workers=True, verbose=False)
     loop = build_loop(cfg, fabric, plan, setup, run_dir)
     if resume is not None:
-        restored = restore(fabric, resume.path, loop.module, loop.optimizer, loop.scheduler,
+        restored = restore(fabric, resume.path, loop.module, loop.optimizers, loop.schedulers,
                            setup.data)
         loop.progress = Progress(restored["global_step"], restored["best_val_loss"])
         loop.pending_rng = restored["rng"]
@@ -157,6 +157,7 @@ def preflight(cfg: DictConfig, plan: RunPlan, resume: ResumePoint | None) -> Non
     """What can be checked from the config alone, before any heavy work: a resumed checkpoint's
     model against the configured one, and whether a training step fits in memory. A model from
     ``model.init_from`` is only known once built (``run`` checks it then)."""
+    check_muon_runs(cfg.optim.get("name", "adamw"), plan.strategy, plan.precision)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     if model_cfg.get("init_from"):
         return
@@ -188,17 +189,20 @@ def build_loop(cfg: DictConfig, fabric: Fabric, plan: RunPlan, setup: Setup, run
     # scaler must unscale the gradients before they are clipped.
     fused = optim.get("fused", True) and fabric.device.type in ("cuda", "cpu", "xpu", "mps") \
         and not plan.precision.startswith("16")
-    optimizer, scheduler = adamw_with_schedule(module, optim, fused=fused)
-    optimizer = fabric.setup_optimizers(optimizer)
+    optimizers = build_optimizers(module, optim, fused=fused)
+    schedulers = {name: schedule_for(o, optim) for name, o in optimizers.items()}
+    optimizers = {name: fabric.setup_optimizers(o) for name, o in optimizers.items()}
+    t = cfg.trainer
     return Loop(
-        fabric=fabric, plan=plan, module=module, optimizer=optimizer, scheduler=scheduler,
+        fabric=fabric, plan=plan, module=module, optimizers=optimizers, schedulers=schedulers,
         data=setup.data, checkpoints=CheckpointFiles(fabric, run_dir / "checkpoints"),
         sampler=Sampler(setup.tokenizer, run_dir / "samples.txt", cfg.sample, seed=cfg.seed),
         tokenizer=setup.tokenizer.to_dict(), grad_clip=optim.get("grad_clip"),
         bytes_per_token=bytes_per_token(setup.data.directory, setup.meta, setup.tokenizer,
                                         setup.data_cfg.val_tokens),
         peak_flops=cfg.get("peak_flops"),
-        progress_bar=bool(cfg.trainer.get("enable_progress_bar", True)),
+        progress_bar=bool(t.get("enable_progress_bar", True)),
+        target_val_loss=t.get("target_val_loss"), stop_at_target=bool(t.get("stop_at_target")),
     )
 
 
@@ -255,6 +259,7 @@ def finish(fabric: Fabric, loop: Loop, run_dir: Path) -> dict:
         "best": str(best) if best.exists() else None,
         "val_loss": loop.progress.val_loss,
         "steps": loop.progress.global_step,
+        **({"target": loop.target} if loop.target_val_loss is not None else {}),
     }
     if fabric.is_global_zero:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

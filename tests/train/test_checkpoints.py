@@ -79,7 +79,8 @@ def test_lightning_era_checkpoint_resumes(tmp_path, checkpoint_v1):
     optimizer = fabric.setup_optimizers(optimizer)
     data = TokenDataModule({"name": "x", "source": "shakespeare", "tokenizer": "char",
                             "batch_size": 2}, context_length=16, seed=1337, data_root=tmp_path)
-    restored = restore(fabric, checkpoint_v1, module, optimizer, scheduler, data)
+    restored = restore(fabric, checkpoint_v1, module, {"optimizer": optimizer},
+                       {"optimizer": scheduler}, data)
     assert restored["global_step"] == 3 and restored["rng"] is not None
     for a, b in zip(fresh.parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(a, b)

@@ -32,3 +32,62 @@ def test_param_groups_decay_linear_weights_only():
     assert not any("lm_head" in n for n in decayed)
     total = sum(p.numel() for g in (decay, no_decay) for p in g["params"])
     assert total == model.num_params()
+
+
+def test_warmup_stable_decay_at_its_boundaries():
+    from minigpt.train.optim import wsd_lr_at
+
+    kw = dict(lr=1.0, min_lr=0.1, warmup_steps=10, decay_steps=100, cooldown_fraction=0.4)
+    assert wsd_lr_at(0, **kw) == pytest.approx(0.1)  # warmup as cosine's
+    assert wsd_lr_at(9, **kw) == pytest.approx(1.0)
+    assert wsd_lr_at(10, **kw) == 1.0 and wsd_lr_at(59, **kw) == 1.0  # stable to step 60
+    assert wsd_lr_at(60, **kw) == pytest.approx(1.0)  # the cooldown starts at the peak ...
+    assert wsd_lr_at(80, **kw) == pytest.approx(0.55)  # ... halfway down at 80 ...
+    assert wsd_lr_at(99, **kw) == pytest.approx(1.0 - 0.9 * 39 / 40)
+    assert wsd_lr_at(100, **kw) == 0.1 and wsd_lr_at(10_000, **kw) == 0.1  # ... min_lr at 100
+    cooldown = [wsd_lr_at(s, **kw) for s in range(60, 101)]
+    assert all(a > b for a, b in zip(cooldown, cooldown[1:], strict=False))
+    # a cooldown longer than what follows the warmup starts right after it
+    assert wsd_lr_at(10, **{**kw, "cooldown_fraction": 1.0}) == pytest.approx(1.0)
+    assert wsd_lr_at(11, **{**kw, "cooldown_fraction": 1.0}) < 1.0
+
+
+def test_muon_steps_the_block_matrices_and_adamw_the_rest():
+    import torch
+
+    from minigpt.train.optim import block_matrices, build_optimizers, schedule_for
+
+    model = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=2, n_head=2, n_embd=16))
+    optim = {"name": "muon", "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 0, "decay_steps": 10,
+             "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "muon_lr": 0.02,
+             "muon_momentum": 0.95, "muon_weight_decay": 0.0, "muon_adjust_lr": "original",
+             "schedule": "wsd", "cooldown_fraction": 0.5}
+    names = {id(p): n for n, p in model.named_parameters()}
+    matrices = {names[id(p)] for p in block_matrices(model)}
+    assert matrices == {f"blocks.{i}.{m}.weight" for i in range(2)
+                        for m in ("attn.qkv", "attn.out_proj", "mlp.fc", "mlp.proj")}
+    optimizers = build_optimizers(model, optim, fused=False)
+    assert isinstance(optimizers["muon"], torch.optim.Muon)
+    muon_ids = {id(p) for g in optimizers["muon"].param_groups for p in g["params"]}
+    adam_ids = {id(p) for g in optimizers["optimizer"].param_groups for p in g["params"]}
+    assert not muon_ids & adam_ids and len(muon_ids | adam_ids) == len(names)
+    # both follow one schedule shape, each from its own peak
+    schedulers = {k: schedule_for(o, optim) for k, o in optimizers.items()}
+    for _ in range(6):
+        for k, o in optimizers.items():
+            o.step()
+            schedulers[k].step()
+    assert optimizers["muon"].param_groups[0]["lr"] == pytest.approx(0.02 * (1 - 0.9 * 1 / 5))
+    assert optimizers["optimizer"].param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 0.9 / 5))
+
+
+def test_muon_where_it_cannot_run_is_one_line():
+    from minigpt.errors import ConfigError
+    from minigpt.train.optim import check_muon_runs
+
+    check_muon_runs("muon", "ddp", "bf16-mixed")
+    check_muon_runs("adamw", "fsdp", "16-mixed")
+    with pytest.raises(ConfigError, match="optim=muon does not run under trainer=fsdp.*use"):
+        check_muon_runs("muon", "fsdp", "bf16-mixed")
+    with pytest.raises(ConfigError, match="trainer.precision=16-mixed.*bf16-mixed or 32-true"):
+        check_muon_runs("muon", "auto", "16-mixed")

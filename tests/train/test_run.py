@@ -176,7 +176,7 @@ def test_end_to_end_run_writes_checkpoints_metrics_and_samples(tmp_path, data_ro
     assert ckpt["global_step"] == 8 and ckpt["minigpt"]["format_version"] == 2
     assert all(k.startswith("model.") and "_orig_mod" not in k for k in ckpt["model"])
     assert ckpt["minigpt"]["model_config"]["vocab_size"] == 128  # 81 padded to 64s
-    assert {"optimizer", "scheduler", "data", "rng_states", "best_val_loss"} <= set(ckpt)
+    assert {"optimizer", "schedulers", "data", "rng_states", "best_val_loss"} <= set(ckpt)
     assert ckpt["data"]["batches_consumed"] == 8
     model, tokenizer, meta = load_checkpoint(summary["last"])
     assert tokenizer.vocab_size == 81 and model.config.n_embd == 32
@@ -537,3 +537,25 @@ def test_two_runs_started_together_end_in_two_complete_directories(tmp_path, dat
     for run_dir in dirs:
         assert json.loads((run_dir / "summary.json").read_text())["run_dir"] == str(run_dir)
         assert (run_dir / "checkpoints" / "best.ckpt").is_file()
+
+
+def test_muon_and_wsd_train_and_resume_exactly_and_report_the_target(tmp_path, data_root):
+    common = ["optim=muon", "optim.schedule=wsd", "optim.decay_steps=8", "trainer.max_steps=8",
+              "logger=csv",
+              "trainer.target_val_loss=10.0"]
+    straight, first, second = LossRecorder(), LossRecorder(), LossRecorder()
+    full = run(tiny_cfg(data_root, *common), tmp_path / "full", callbacks=[straight])
+    assert full["target"]["steps"] == 4 and full["target"]["tokens"] == 4 * 128  # first val
+    half = run(tiny_cfg(data_root, *common, "trainer.max_steps=4"), tmp_path / "half",
+               callbacks=[first])
+    ckpt = torch.load(half["last"], weights_only=True)
+    assert {"optimizer", "muon"} <= set(ckpt) and set(ckpt["schedulers"]) == {"optimizer", "muon"}
+    run(tiny_cfg(data_root, *common, f"ckpt_path={half['last']}"), tmp_path / "resumed",
+        callbacks=[second])
+    got = [first.losses[s] for s in range(1, 5)] + [second.losses[s] for s in range(5, 9)]
+    torch.testing.assert_close(got, [straight.losses[s] for s in range(1, 9)], rtol=1e-6, atol=0)
+    rows = list(csv.DictReader((tmp_path / "full" / "csv" / "metrics.csv").open()))
+    assert any(r.get("lr_muon") for r in rows) and any(r.get("target/steps") for r in rows)
+    with pytest.raises(ConfigError, match=r"trained with optimizer\(s\) \['muon', 'optimizer'\]"):
+        run(tiny_cfg(data_root, "trainer.max_steps=9", f"ckpt_path={full['last']}"),
+            tmp_path / "adamw")
