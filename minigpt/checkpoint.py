@@ -44,10 +44,7 @@ def read_checkpoint(path, map_location="cpu", *, sharded: bool = False) -> dict:
     resume and ``generate.py`` both read through here. ``sharded=True`` (resuming) also takes a
     sharded FSDP checkpoint directory and returns its non-tensor part (no ``state_dict``).
     """
-    import pickle
     import zipfile
-
-    import torch
 
     path = Path(path)
     shards = _is_sharded(path)
@@ -62,21 +59,8 @@ def read_checkpoint(path, map_location="cpu", *, sharded: bool = False) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}" + (" (a directory; name the .ckpt file)"
                                                               if path.is_dir() else ""))
-    try:
-        # Memory-mapped where the format allows (torch.save's zip files): checking costs little.
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True,
-                                mmap=zipfile.is_zipfile(path))
-    except pickle.UnpicklingError as e:
-        # torch's message suggests weights_only=False: unsafe advice for a file from elsewhere.
-        if "Unsupported global" not in str(e):
-            raise CheckpointError(f"{path} is not a readable checkpoint (not a file torch.save "
-                                  "wrote); a damaged or foreign file reads like this") from None
-        raise CheckpointError(f"{path} holds Python objects besides tensors and plain values, so "
-                              "it was not written by minigpt's train.py; minigpt refuses to load "
-                              "it, since unpickling them could run code from the file") from None
-    except Exception as e:  # zip and I/O errors of a truncated or foreign file come in many types
-        raise CheckpointError(f"{path} is not a readable checkpoint ({first_line(e)}); a "
-                              "truncated or half-copied file reads like this") from None
+    # Memory-mapped where the format allows (torch.save's zip files): checking costs little.
+    checkpoint = load_tensors(path, map_location=map_location, mmap=zipfile.is_zipfile(path))
     meta = checkpoint.get(METADATA_KEY) if isinstance(checkpoint, dict) else None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path} is not a minigpt checkpoint (no {METADATA_KEY!r} metadata; "
@@ -122,6 +106,33 @@ def load_checkpoint(path, map_location="cpu"):
         raise CheckpointError(f"{path}: its weights or tokenizer do not match its recorded "
                               f"config ({first_line(e)})") from None
     return model.eval(), tokenizer, meta
+
+
+def load_tensors(path, map_location="cpu", *, mmap: bool = False):
+    """``torch.load(path, weights_only=True)``: tensors and plain values, never code. A file that
+    torch cannot read this way is one ``CheckpointError`` line naming it: one holding Python
+    objects (which unpickling could turn into running code) is named as such and refused, a
+    damaged, truncated or foreign one as unreadable."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        # torch's message suggests weights_only=False: unsafe advice for a file from elsewhere.
+        # Its wording for a refused global changed case across versions ("unsupported GLOBAL").
+        if "unsupported global" in str(e).lower():
+            raise CheckpointError(
+                f"{path} holds Python objects besides tensors and plain values (pickled code "
+                "could run when loading it); minigpt refused to load it: use a file written by "
+                "minigpt (train.py, save_pretrained) or a model.safetensors") from None
+        raise CheckpointError(f"{path} is not a readable checkpoint (not a file torch.save "
+                              "wrote); a damaged or foreign file reads like this") from None
+    except Exception as e:  # zip and I/O errors of a truncated or foreign file come in many types
+        raise CheckpointError(f"{path} is not a readable checkpoint ({first_line(e)}); a "
+                              "truncated or half-copied file reads like this: copy it again") \
+            from None
 
 
 def _is_sharded(path: Path) -> bool:

@@ -20,3 +20,19 @@ def test_checkpoint_from_before_the_layout_split_gives_the_same_logits(checkpoin
     with torch.no_grad():
         logits = model(torch.tensor([expected["ids"]]))[0]
     torch.testing.assert_close(logits, torch.tensor(expected["logits"]), rtol=0, atol=1e-5)
+
+
+def test_a_checkpoint_carrying_code_is_named_as_such_and_never_runs(tmp_path):
+    import pytest
+    from payload import save_with_payload
+
+    from minigpt.checkpoint import CheckpointError
+
+    marker = tmp_path / "payload-ran"
+    path = save_with_payload(tmp_path / "evil.ckpt", marker)
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(path)
+    message = str(error.value)
+    assert f"{path} holds Python objects" in message and "could run" in message
+    assert "damaged" not in message and "weights_only=False" not in message
+    assert not marker.exists()
