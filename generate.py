@@ -29,8 +29,7 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
     validate_sampling(cfg.temperature, cfg.top_k, cfg.top_p)  # fail before loading anything
     _check_options(cfg)
     prompt = _read_prompt(cfg)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" \
-        else cfg.device
+    device = pick_device(cfg.device)
     dtype = decoding_dtype(cfg.dtype, device)
     model, tokenizer, source = load_model(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root)
     ctx, num_params = model.config.context_length, model.num_params()
@@ -115,6 +114,34 @@ def place_model(model, device: str, dtype, cpu_speedups) -> list[str]:
     if not applied:
         model.to(dtype)
     return applied
+
+
+def pick_device(name: str) -> str:
+    """``device=auto``: cuda if this machine has a GPU, else cpu; any other name as given, once
+    checked to exist here (else one line naming the setting and what this machine offers)."""
+    import torch
+
+    from minigpt.errors import UserError
+
+    gpus = torch.cuda.device_count()
+    if name == "auto":
+        return "cuda" if gpus else "cpu"
+    mps = torch.backends.mps.is_available()
+    offers = "device=cpu" + (f", device=cuda (or cuda:0 .. cuda:{gpus - 1})" if gpus else "") \
+        + (", device=mps" if mps else "") + " or device=auto"
+    try:
+        kind = torch.device(str(name))
+    except (RuntimeError, TypeError, ValueError):
+        raise UserError(f"device={name!r} is not a device name; this machine offers "
+                        f"{offers}") from None
+    if kind.type == "cpu" or (kind.type == "mps" and mps) or \
+            (kind.type == "cuda" and (kind.index or 0) < gpus):
+        return str(name)
+    has = f"{gpus} CUDA GPU(s)" if gpus else "no CUDA GPU" + (
+        f" (this torch {torch.__version__} is built without CUDA)" if torch.version.cuda is None
+        else "")
+    raise UserError(f"device={name!r} is not on this machine, which has {has}; it offers "
+                    f"{offers}")
 
 
 def _decode_rows(tokenizer, tokens, eos_id: int | None) -> list[str]:
