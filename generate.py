@@ -13,6 +13,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from minigpt.config_schema import GenerateSchema, check_keys, config_errors, register_schemas
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DECODERS = ("auto", "eager", "compiled")
 SEPARATOR = "\n---------------\n"
@@ -221,6 +223,9 @@ def _info(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+register_schemas()  # configs/generate.yaml names its schema (minigpt/config_schema.py)
+
+
 @hydra.main(config_path="configs", config_name="generate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from minigpt.errors import one_line_errors
@@ -229,10 +234,12 @@ def main(cfg: DictConfig) -> None:
         # Bad input: one line and exit status 2. Sampling options and hub downloads report as
         # ValueError / OSError; other exceptions are bugs and keep their traceback.
         with one_line_errors(ValueError, OSError):
+            check_keys(cfg, GenerateSchema)  # keys added with + that the schema lacks
             run(cfg)
     except KeyboardInterrupt:
         sys.exit(130)
 
 
 if __name__ == "__main__":
-    main()
+    with config_errors(GenerateSchema):  # a bad key or value while composing: one line, status 2
+        main()

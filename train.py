@@ -5,10 +5,12 @@ A thin Hydra entry point; the work is ``minigpt.train.run.run``."""
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from minigpt.config_schema import TrainSchema, check_keys, config_errors, register_schemas
 from minigpt.train.run import run_id
 
 # outputs/<date>/${run_id:}: one directory per run, shared by all ranks (configs/train.yaml)
 OmegaConf.register_new_resolver("run_id", run_id, use_cache=True)
+register_schemas()  # configs/**/*.yaml name their schemas (minigpt/config_schema.py)
 
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
@@ -17,8 +19,10 @@ def main(cfg: DictConfig) -> None:
     from minigpt.train.run import run
 
     with one_line_errors():  # bad input: one line and exit status 2; bugs keep their traceback
+        check_keys(cfg, TrainSchema)  # keys added with + that no schema has
         run(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    with config_errors(TrainSchema):  # a bad key or value while composing: one line, status 2
+        main()
