@@ -84,20 +84,26 @@ def read_checkpoint(path, map_location="cpu", *, sharded: bool = False) -> dict:
     return checkpoint
 
 
-def load_checkpoint(path, map_location="cpu"):
+def load_checkpoint(path, map_location="cpu", **config_overrides):
     """Rebuild ``(GPT, Tokenizer, metadata)`` from a training checkpoint (``read_checkpoint``),
-    in eval mode."""
+    in eval mode. ``config_overrides`` may set ``dropout`` and ``context_length``: shorter than
+    the checkpoint's (a learned position table is cropped) or, for a model without a position
+    table (rope), any; a longer context than a learned table holds is one ``CheckpointError``
+    line naming both values."""
     from minigpt.model import GPT, GPTConfig
     from minigpt.tokenizer import tokenizer_from_dict
 
     checkpoint = read_checkpoint(path, map_location)
     meta, state = checkpoint[METADATA_KEY], checkpoint["state_dict"]
     weights = {k[len(MODEL_PREFIX):]: v for k, v in state.items() if k.startswith(MODEL_PREFIX)}
+    fields = _with_overrides(path, meta["model_config"], config_overrides)
     try:
-        config = GPTConfig.from_dict(meta["model_config"])
+        config = GPTConfig.from_dict(fields)
     except ValueError as e:
         raise CheckpointError(f"{path} records a model config this minigpt cannot build: "
                               f"{e}") from None
+    if "pos_emb.weight" in weights:  # maybe cropped to a shorter context
+        weights["pos_emb.weight"] = weights["pos_emb.weight"][:config.context_length]
     model = GPT(config)
     try:
         model.load_state_dict(weights)
@@ -106,6 +112,22 @@ def load_checkpoint(path, map_location="cpu"):
         raise CheckpointError(f"{path}: its weights or tokenizer do not match its recorded "
                               f"config ({first_line(e)})") from None
     return model.eval(), tokenizer, meta
+
+
+def _with_overrides(path, recorded: dict, overrides: dict) -> dict:
+    """The recorded model config with ``dropout`` / ``context_length`` overridden, checked."""
+    unknown = sorted(set(overrides) - {"dropout", "context_length"})
+    if unknown:
+        raise ValueError(f"load_checkpoint: only dropout and context_length can be changed, "
+                         f"not {unknown}")
+    context = overrides.get("context_length")
+    saved = recorded.get("context_length")
+    if context is not None and recorded.get("position", "learned") == "learned" \
+            and isinstance(saved, int) and context > saved:
+        raise CheckpointError(f"context_length={context} exceeds the checkpoint's context_length="
+                              f"{saved} ({path}): its position table stops there; ask for "
+                              f"context_length <= {saved}")
+    return {**recorded, **{k: v for k, v in overrides.items() if v is not None}}
 
 
 def load_tensors(path, map_location="cpu", *, mmap: bool = False):

@@ -68,7 +68,10 @@ def load_meta(directory: str | os.PathLike) -> dict:
                 f"{bin_path} {found} but meta.json records {meta[f'{split}_tokens']} {meta['dtype']} "
                 f"tokens ({expected} bytes): the file is truncated or changed; {fix}"
             )
-        bad, skipped = find_bad_token(open_tokens(directory, split, meta), meta["vocab_size"])
+        try:
+            bad, skipped = find_bad_token(open_tokens(directory, split, meta), meta["vocab_size"])
+        except OSError as e:  # unreadable: permissions, a disk error
+            raise DataError(f"{bin_path} cannot be read ({first_line(e)}); {fix}") from None
         if bad is not None:
             raise DataError(f"{bin_path} holds token id {bad[1]} at token offset {bad[0]} but "
                             f"meta.json's tokenizer has {meta['vocab_size']} ids: the file is "
