@@ -261,6 +261,29 @@ def unknown_keys(cfg: Any, schema: type, prefix: str = "") -> list[str]:
     return found
 
 
+def added_unknown_keys(overrides: list[str], schema: type) -> list[str]:
+    """The dotted keys that command-line ``+key=value`` / ``++key=value`` overrides would add
+    under one of ``schema``'s config groups without being in it (checked before Hydra composes,
+    so nothing is written first); a key under a field typed ``Any`` may be anything."""
+    fields, found = _fields(schema), []
+    for override in overrides:
+        key = override.lstrip("+").partition("=")[0]
+        if not override.startswith("+") or "." not in key or "@" in key:
+            continue
+        annotation = fields.get(key.partition(".")[0])
+        if _dataclass_of(annotation) is None:
+            continue  # not a group of this schema (hydra.*, a config group's own defaults)
+        for part in key.split(".")[1:]:
+            inner = _fields(_dataclass_of(annotation))
+            if part not in inner:
+                found.append(key)
+                break
+            annotation = inner[part]
+            if _dataclass_of(annotation) is None:
+                break  # a leaf, or a field typed Any: whatever lies under it is its own
+    return found
+
+
 def check_keys(cfg: Any, schema: type) -> None:
     """Raise ``ConfigKeyError`` (one line, each unknown key with the closest valid one) unless
     every key of the composed ``cfg`` is in ``schema``: the check Hydra skips for a key added
@@ -319,8 +342,15 @@ def _first_line(text: str) -> str:
 @contextlib.contextmanager
 def config_errors(schema: type):
     """Around an entry point's Hydra ``main()``: what Hydra or OmegaConf raises for a bad key or
-    value becomes ``error: <one line>`` on stderr and exit status 2. Hydra raises (rather than
-    prints) only with ``HYDRA_FULL_ERROR=1``, which this sets for the process."""
+    value becomes ``error: <one line>`` on stderr and exit status 2; so does a key added with
+    ``+`` on the command line that the schema lacks, before Hydra composes (or makes a run
+    directory). Hydra raises (rather than prints) only with ``HYDRA_FULL_ERROR=1``, which this
+    sets for the process."""
+    unknown = added_unknown_keys(sys.argv[1:], schema)
+    if unknown:
+        print("error: " + "; ".join(_unknown_key(key, schema) for key in unknown),
+              file=sys.stderr, flush=True)
+        raise SystemExit(USER_ERROR_EXIT_CODE)
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         yield

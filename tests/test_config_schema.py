@@ -105,3 +105,14 @@ def test_closest_key_and_what_is_not_a_config_error():
     assert closest_key("optim.max_iters", TrainSchema) == "trainer.max_steps"
     assert closest_key("zzz", TrainSchema) is None
     assert describe_config_error(ValueError("a bug"), TrainSchema) is None
+
+
+def test_keys_added_on_the_command_line_are_checked_before_composing():
+    from minigpt.config_schema import added_unknown_keys
+
+    overrides = ["+optim.learning_rate=1e-3", "++trainer.max_step=5", "optim.lr=1",
+                 "+trainer.fsdp.sharding_strategy=X", "+trainer.fsdp.shard=X",
+                 "+data.data_files.train=a.json", "+hydra.job.env_set.A=1", "+experiment=gpt2_owt",
+                 "+seeed=1", "+model.n_layer=2"]
+    assert added_unknown_keys(overrides, TrainSchema) == [
+        "optim.learning_rate", "trainer.max_step", "trainer.fsdp.shard"]
