@@ -90,7 +90,7 @@ class TrainerSchema:
     log_every_n_steps: int = 10
     enable_progress_bar: bool = True
     num_sanity_val_steps: int = 0
-    fsdp: FSDPSchema | None = None  # trainer=fsdp
+    fsdp: FSDPSchema = field(default_factory=FSDPSchema)  # read with strategy=fsdp only
 
 
 @dataclass
