@@ -9,7 +9,7 @@
    loss compiled together when ``compile: auto`` says so, bf16 autocast, fused AdamW, gradient
    clipping) and ``transformers.GPT2LMHeadModel`` (SDPA attention, bf16 autocast, forward +
    cross-entropy compiled alike), same shapes and batch: tokens/s, MFU against the GPU's peak
-   (``minigpt.train.device``), the step's peak memory above what stays resident.
+   (Lightning's ``get_available_flops``), the step's peak memory above what stays resident.
 2. ``train.py`` itself for a few dozen steps (defaults: precision and compile auto, GPT-2 small
    shapes on character data with the vocabulary pinned to 50304, so no download): the tokens/s
    and MFU it logs; then the same on 2 processes (DDP) when there are 2+ GPUs.
@@ -25,6 +25,7 @@ at batch 1. Without ``transformers`` installed its rows are skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import statistics
 import subprocess
@@ -39,11 +40,13 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
+from lightning.fabric.utilities.throughput import get_available_flops  # noqa: E402
+
 from generate import decoding_dtype, place_model  # noqa: E402
 from minigpt.model import GPT, GPTConfig  # noqa: E402
 from minigpt.sampling import generate  # noqa: E402
 from minigpt.static_decoding import StaticDecoder  # noqa: E402
-from minigpt.train.device import compile_enabled, peak_flops  # noqa: E402
+from minigpt.train.device import compile_enabled  # noqa: E402
 from minigpt.train.optim import adamw_with_schedule  # noqa: E402
 
 OPTIM = {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 10, "decay_steps": 1000,
@@ -89,7 +92,7 @@ def tiny_plan() -> Plan:
 # ---- 1. the training step, ours vs transformers ---------------------------------------------
 
 def _train_step(model: torch.nn.Module, loss_fn, plan: Plan):
-    """One optimizer step as LitGPT runs it under bf16-mixed: autocast, backward, clip, step."""
+    """One optimizer step as the loop runs it under bf16-mixed: autocast, backward, clip, step."""
     optimizer, _ = adamw_with_schedule(model, OPTIM, fused=True)
     loss_fn = torch.compile(loss_fn) if plan.compiled else loss_fn
 
@@ -126,8 +129,10 @@ def _transformers_model(config: GPTConfig):
     return GPT2LMHeadModel._from_config(hf_config, attn_implementation="sdpa")
 
 
-def training_steps(plan: Plan) -> dict:
-    """name -> one training step, each with its own model and optimizer."""
+def training_steps(plan: Plan, attention: dict) -> dict:
+    """name -> one training step, each with its own model and optimizer. When transformers
+    attends with an explicit (T, T) mask under compile (``attention``: what each side calls, see
+    ``attention_calls``), it is also timed with causal SDPA, the kernel ours runs."""
     ours = GPT(plan.config).to(plan.device).train()
     steps = {"ours": _train_step(ours, ours.loss, plan)}
     if _has_transformers():
@@ -138,7 +143,58 @@ def training_steps(plan: Plan) -> dict:
             return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
 
         steps["transformers"] = _train_step(hf, hf_loss, plan)
+        if "mask" in attention.get("transformers", ""):
+            causal = _transformers_model(plan.config).to(plan.device).train()
+
+            def causal_loss(x, y):
+                with _sdpa_spy(force_causal=True):
+                    logits = causal(x).logits  # (B, T, V)
+                return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+            steps["transformers, causal SDPA"] = _train_step(causal, causal_loss, plan)
     return steps
+
+
+@contextlib.contextmanager
+def _sdpa_spy(seen: list | None = None, force_causal: bool = False):
+    """Record each SDPA call's masking (``"is_causal"`` or ``"(T, T) mask"``), also while
+    torch.compile traces; with ``force_causal`` a mask is replaced by ``is_causal=True``."""
+    original = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        if seen is not None:
+            seen.append("(T, T) mask" if attn_mask is not None else
+                        "is_causal" if is_causal else "no mask, not causal")
+        if force_causal and attn_mask is not None:
+            attn_mask, is_causal = None, True
+        return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        **kwargs)
+
+    F.scaled_dot_product_attention = spy
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def attention_calls(plan: Plan) -> dict[str, str]:
+    """How each side attends in a training forward as timed (compiled when ``plan.compiled``):
+    transformers decides in ``masking_utils`` between ``is_causal`` and a (T, T) mask, and the
+    answer depends on the torch version."""
+    x = torch.randint(0, plan.config.vocab_size, (1, plan.config.context_length),
+                      device=plan.device)
+    models = {"ours": GPT(plan.config).to(plan.device)}
+    if _has_transformers():
+        hf = _transformers_model(plan.config).to(plan.device)
+        models["transformers"] = lambda idx: hf(idx).logits
+    calls = {}
+    for name, model in models.items():
+        seen: list[str] = []
+        forward = torch.compile(model) if plan.compiled else model
+        with _sdpa_spy(seen), torch.no_grad(), torch.autocast(plan.device.type, torch.bfloat16):
+            forward(x)
+        calls[name] = ", ".join(sorted(set(seen))) or "no SDPA call"
+    return calls
 
 
 def _sync(device: torch.device) -> None:
@@ -146,8 +202,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_interleaved(runs: dict, plan: Plan, *args) -> dict[str, float]:
-    """Median seconds per call of each run, called in turn after ``plan.warmup`` calls each."""
+def time_interleaved(runs: dict, plan: Plan, *args, forbid_syncs: tuple = ()) -> dict[str, float]:
+    """Median seconds per call of each run, called in turn after ``plan.warmup`` calls each.
+    ``forbid_syncs``: names of runs whose timed calls raise on CUDA if they read a value back
+    to the host (``torch.cuda.set_sync_debug_mode("error")``)."""
     for run in runs.values():
         for _ in range(plan.warmup):
             run(*args)
@@ -156,10 +214,23 @@ def time_interleaved(runs: dict, plan: Plan, *args) -> dict[str, float]:
         for name, run in runs.items():
             _sync(plan.device)
             start = time.perf_counter()
-            run(*args)
+            with _no_syncs(plan.device, name in forbid_syncs):
+                run(*args)
             _sync(plan.device)
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+@contextlib.contextmanager
+def _no_syncs(device: torch.device, forbid: bool):
+    if not (forbid and device.type == "cuda"):
+        yield
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 def step_peak_gib(run, device: torch.device, *args) -> float | None:
@@ -174,13 +245,13 @@ def step_peak_gib(run, device: torch.device, *args) -> float | None:
     return (torch.cuda.max_memory_allocated(device) - before) / 2**30
 
 
-def training_table(plan: Plan) -> dict:
-    steps = training_steps(plan)
+def training_table(plan: Plan, attention: dict) -> dict:
+    steps = training_steps(plan, attention)
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randint(0, plan.config.vocab_size, (2, plan.batch, plan.config.context_length),
                          generator=gen).to(plan.device)
-    seconds = time_interleaved(steps, plan, x, y)
-    peak = peak_flops(plan.device)
+    seconds = time_interleaved(steps, plan, x, y, forbid_syncs=("ours",))
+    peak = get_available_flops(plan.device, torch.bfloat16)
     flops_per_token = _flops_per_token(plan.config)  # the same architecture for both
     rows = {}
     for name, step in steps.items():
@@ -201,13 +272,15 @@ def _flops_per_token(config: GPTConfig) -> float:
 def train_py_run(plan: Plan, work: Path, processes: int = 1) -> dict:
     """``train.py`` for ``plan.run_steps`` steps with precision and compile left on auto, one
     validation and sample at the end; what it logged last (tokens/s is its moving average, so
-    enough steps must follow the compilation) and whether sampling failed."""
+    the last logging interval's, so it must follow the compilation) and whether sampling
+    failed."""
     name = f"run{processes}"
     args = [*plan.run_overrides, "data=shakespeare_char", f"data_root={work / 'data'}",
             f"hydra.run.dir={work / name}", "logger=csv", "sample.max_new_tokens=8",
             "trainer.enable_progress_bar=false", f"trainer.max_steps={plan.run_steps}",
             f"trainer.val_check_interval={plan.run_steps}", "trainer.limit_val_batches=1",
-            "trainer.log_every_n_steps=1", f"trainer.devices={processes}"]
+            f"trainer.log_every_n_steps={max(1, plan.run_steps // 3)}",
+            f"trainer.devices={processes}"]
     if processes > 1:
         args.append("trainer.strategy=ddp")
     result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=work,
@@ -280,13 +353,15 @@ def _ratio(rows: dict, key: str) -> float | None:
     return rows["ours"][key] / theirs[key] if theirs else None
 
 
-def report(plan: Plan, train: dict, runs: list[dict], decode: dict) -> list[str]:
+def report(plan: Plan, train: dict, runs: list[dict], decode: dict,
+           attention: dict | None = None) -> list[str]:
     """The table, and one line per target: met, not met, or n/a."""
     c = plan.config
     name = torch.cuda.get_device_name(plan.device) if plan.device.type == "cuda" else "CPU"
     lines = [f"{name}, torch {torch.__version__}, compile {'on' if plan.compiled else 'off'}, "
              f"bf16 autocast; model {c.n_layer} x {c.n_embd} (heads {c.n_head}), vocab "
              f"{c.vocab_size}, T={c.context_length}, batch {plan.batch}", "",
+             *[f"attention ({side}): SDPA {how}" for side, how in (attention or {}).items()], "",
              f"{'training step':<24} {'ms':>9} {'tokens/s':>11} {'MFU':>7} {'peak GiB':>9}"]
     for variant, row in train.items():
         lines.append(f"{variant:<24} {row['step_ms']:>9.1f} {row['tokens_per_s']:>11,.0f} "
@@ -302,9 +377,15 @@ def report(plan: Plan, train: dict, runs: list[dict], decode: dict) -> list[str]
                      f"{_fmt(row.get('transformers'), '>13,.0f')} "
                      f"{_fmt(_ratio({k: {'v': v} for k, v in row.items()}, 'v'), '>6.2f')}x")
     train_ratio = _ratio(train, "tokens_per_s")
+    causal = train.get("transformers, causal SDPA")
+    loop_ratio = runs[0]["tokens_per_s"] / train["ours"]["tokens_per_s"]
     decode_ratio = _ratio({k: {"v": v} for k, v in decode[min(decode)].items()}, "v")
     mfu = train["ours"]["mfu"] if "H100" in name else None
     lines += ["", _target("training >= 1.3x transformers tokens/s", train_ratio, 1.3),
+              *([_target("training >= 1.3x transformers with causal SDPA",
+                         train["ours"]["tokens_per_s"] / causal["tokens_per_s"], 1.3)]
+                if causal else []),
+              _target("train.py within 5% of the bare step's tokens/s", loop_ratio, 0.95),
               _target("MFU >= 40% on an H100", mfu, 0.40),
               _target("decoding >= 3x transformers at batch 1", decode_ratio, 3.0)]
     return lines
@@ -330,13 +411,14 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_float32_matmul_precision("high")  # as train.py
     else:
         torch.set_num_threads(1)  # tiny models: a second thread mostly waits
-    train = training_table(plan)
+    attention = attention_calls(plan)
+    train = training_table(plan, attention)
     with tempfile.TemporaryDirectory() as tmp:
         runs = [train_py_run(plan, Path(tmp))]
         if cuda and torch.cuda.device_count() >= 2:
             runs.append(train_py_run(plan, Path(tmp), processes=2))
     decode = decoding_table(plan)
-    print("\n".join(report(plan, train, runs, decode)))
+    print("\n".join(report(plan, train, runs, decode, attention)))
     if not cuda:
         print("(self-test on the CPU: the numbers say the path runs, not how fast a GPU runs it)")
     return 1 if any(run["warnings"] for run in runs) else 0

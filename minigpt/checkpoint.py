@@ -1,10 +1,17 @@
 """The one place that reads a training checkpoint back into a model and its tokenizer.
 
-A checkpoint is Lightning's ``.ckpt`` (a plain dict saved with ``torch.save``). Besides Lightning's
-own keys it carries ``checkpoint["minigpt"]`` = ``checkpoint_metadata(...)``: the model config and
+A checkpoint is a plain dict saved with ``torch.save`` (``train.py`` writes it through Lightning
+Fabric). It carries ``checkpoint["minigpt"]`` = ``checkpoint_metadata(...)``: the model config and
 the tokenizer as plain types, so ``torch.load(weights_only=True)`` can read it and nothing else
-(no YAML, no data directory) is needed to rebuild the model. Model weights are stored under
-``state_dict`` with the prefix ``model.`` (the LightningModule's attribute), never ``_orig_mod.``.
+(no YAML, no data directory) is needed to rebuild the model. Model weights carry the prefix
+``model.`` (the training module's attribute), never ``_orig_mod.``: under ``model`` in
+``format_version`` 2, under ``state_dict`` in version 1 (written by Lightning's Trainer, still
+read everywhere).
+
+A sharded FSDP checkpoint is a directory: ``torch.distributed.checkpoint`` files with each
+rank's shard of the weights (``model``) and of the optimizer state, plus ``meta.pt`` with
+everything else, our ``minigpt`` metadata included. ``read_sharded_model`` gathers its weights in
+one process; ``minigpt.consolidate`` writes them out as one file that ``generate.py`` reads.
 """
 
 from __future__ import annotations
@@ -13,9 +20,13 @@ from pathlib import Path
 
 from minigpt.errors import UserError, first_line
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 METADATA_KEY = "minigpt"
 MODEL_PREFIX = "model."
+WEIGHTS_KEYS = ("model", "state_dict")  # where the weights sit: version 2, version 1
+METADATA_FILE = "meta.pt"  # the non-tensor part of a sharded checkpoint directory
+MODEL_FILE = "model.ckpt"  # the consolidated file, next to a sharded last.ckpt
 
 
 def checkpoint_metadata(model_config: dict, tokenizer: dict) -> dict:
@@ -47,14 +58,12 @@ def read_checkpoint(path, map_location="cpu", *, sharded: bool = False) -> dict:
     import zipfile
 
     path = Path(path)
-    shards = _is_sharded(path)
+    shards = is_sharded_checkpoint(path)
     if shards and not sharded:
         raise CheckpointError(f"{path} is a sharded FSDP checkpoint (a directory); read its model "
                               f"from {path.parent / 'model.ckpt'}, written at the end of the run "
                               f"or by `python -m minigpt.checkpoint consolidate {path}`")
     if shards:
-        from minigpt.consolidate import METADATA_FILE
-
         path = path / METADATA_FILE  # the weights are checked when FSDP loads its shards
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}" + (" (a directory; name the .ckpt file)"
@@ -66,22 +75,27 @@ def read_checkpoint(path, map_location="cpu", *, sharded: bool = False) -> dict:
         raise CheckpointError(f"{path} is not a minigpt checkpoint (no {METADATA_KEY!r} metadata; "
                               "was it written by minigpt's train.py?)")
     version = meta.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise CheckpointError(
             f"{path} has checkpoint format_version={version!r} (minigpt "
-            f"{meta.get('minigpt_version', '?')}); this minigpt reads format_version="
-            f"{FORMAT_VERSION}"
+            f"{meta.get('minigpt_version', '?')}); this minigpt reads format_version "
+            f"{' or '.join(map(str, READABLE_VERSIONS))}: upgrade minigpt to read it"
         )
     for key in ("model_config", "tokenizer"):
         if not isinstance(meta.get(key), dict):
             raise CheckpointError(f"{path} has minigpt metadata without its {key!r}")
-    state = checkpoint.get("state_dict")
     if shards:
         return checkpoint
+    state = model_weights(checkpoint)
     if not isinstance(state, dict) or not any(k.startswith(MODEL_PREFIX) for k in state):
         raise CheckpointError(f"{path} has no model weights (no keys starting with "
-                              f"{MODEL_PREFIX!r} in its state_dict)")
+                              f"{MODEL_PREFIX!r} under {' or '.join(map(repr, WEIGHTS_KEYS))})")
     return checkpoint
+
+
+def model_weights(checkpoint: dict) -> dict | None:
+    """The prefixed weights of a checkpoint of either format version."""
+    return next((checkpoint[k] for k in WEIGHTS_KEYS if isinstance(checkpoint.get(k), dict)), None)
 
 
 def load_checkpoint(path, map_location="cpu", **config_overrides):
@@ -94,7 +108,7 @@ def load_checkpoint(path, map_location="cpu", **config_overrides):
     from minigpt.tokenizer import tokenizer_from_dict
 
     checkpoint = read_checkpoint(path, map_location)
-    meta, state = checkpoint[METADATA_KEY], checkpoint["state_dict"]
+    meta, state = checkpoint[METADATA_KEY], model_weights(checkpoint)
     weights = {k[len(MODEL_PREFIX):]: v for k, v in state.items() if k.startswith(MODEL_PREFIX)}
     fields = _with_overrides(path, meta["model_config"], config_overrides)
     try:
@@ -157,10 +171,48 @@ def load_tensors(path, map_location="cpu", *, mmap: bool = False):
             from None
 
 
-def _is_sharded(path: Path) -> bool:
-    from minigpt.consolidate import is_sharded_checkpoint
+def is_sharded_checkpoint(path) -> bool:
+    path = Path(path)
+    return path.is_dir() and (path / METADATA_FILE).is_file()
 
-    return is_sharded_checkpoint(path)
+
+def model_file_for(path) -> Path:
+    """``path``, or for a sharded checkpoint the ``model.ckpt`` beside it when that was written
+    from it or later (else ``path``, whose reader then says how to consolidate)."""
+    path = Path(path)
+    model_file = path.parent / MODEL_FILE
+    if is_sharded_checkpoint(path) and model_file.is_file() and \
+            model_file.stat().st_mtime >= (path / METADATA_FILE).stat().st_mtime:
+        return model_file
+    return path
+
+
+def read_sharded_model(path) -> dict:
+    """A checkpoint dict (``model`` with the weights, ``minigpt`` metadata, ``global_step``) from a
+    sharded checkpoint directory of either format version, without the optimizer state."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from minigpt.model import GPT, GPTConfig
+
+    path = Path(path)
+    meta = load_tensors(path / METADATA_FILE)
+    config = GPTConfig.from_dict(meta[METADATA_KEY]["model_config"])
+    stored = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    with torch.device("meta"):
+        shapes = GPT(config).state_dict()
+    # Only the keys the checkpoint holds (a tied weight may be stored once), as tensors of full
+    # size on the CPU: loading fills them from every rank's shard. The distributed checkpoint
+    # names each one "model.model.<name>" in both format versions.
+    weights = {MODEL_PREFIX + k: torch.empty(v.shape, dtype=v.dtype)
+               for k, v in shapes.items() if f"model.{MODEL_PREFIX}{k}" in stored}
+    with warnings.catch_warnings():  # one process on purpose: torch warns that it assumes so
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single")
+        dcp.load({"model": weights}, checkpoint_id=str(path), no_dist=True)
+    return {"model": weights, METADATA_KEY: meta[METADATA_KEY],
+            "global_step": meta.get("global_step")}
 
 
 def find_latest_checkpoint(root="outputs") -> Path:
@@ -190,8 +242,6 @@ def load_model(ckpt_path=None, pretrained=None, checkpoints_root="outputs"):
 
         return GPT.from_pretrained(str(pretrained)).eval(), get_tokenizer("gpt2"), str(pretrained)
     path = ckpt_path if ckpt_path is not None else find_latest_checkpoint(checkpoints_root)
-    from minigpt.consolidate import model_file_for
-
     path = model_file_for(path)  # a sharded FSDP checkpoint: the model file consolidated from it
     model, tokenizer, _ = load_checkpoint(path)
     return model, tokenizer, str(path)

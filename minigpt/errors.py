@@ -25,6 +25,10 @@ class UserError(Exception):
     any other exception is a bug and keeps its traceback."""
 
 
+class ConfigError(UserError, ValueError):
+    """A bad config value, found before any work starts; the message names each one."""
+
+
 class ResourceError(UserError):
     """The machine cannot run what was asked (memory): the estimate, the limit and the knobs."""
 

@@ -10,10 +10,10 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from minigpt.model import GPT
-from minigpt.train.batch import batch_plan
 from minigpt.train.config import ConfigError, check_config, gpt_config
+from minigpt.train.launch import build_fabric
 from minigpt.train.loggers import build_loggers
-from minigpt.train.trainer import build_trainer
+from minigpt.train.plan import batch_plan, resolve_plan
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -98,9 +98,10 @@ def test_trainers_compose_and_build_where_possible(trainer, tmp_path):
     cfg = compose_train(f"trainer={trainer}", "logger=none")
     if cfg.trainer.accelerator == "gpu" and not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    built = build_trainer(cfg, tmp_path, callbacks=[], loggers=[])
-    assert built.max_steps == cfg.trainer.max_steps
-    assert built.precision in ("bf16-mixed", "16-mixed", "32-true")
+    plan = resolve_plan(cfg, world_size=1)
+    fabric = build_fabric(cfg, plan, loggers=[])
+    assert plan.precision in ("bf16-mixed", "16-mixed", "32-true")
+    assert plan.for_world(fabric.world_size).world_size == fabric.world_size
 
 
 def test_overrides_users_reach_for():
@@ -116,47 +117,37 @@ def test_overrides_users_reach_for():
 
 @pytest.mark.parametrize("logger", ["csv", "none"])
 def test_loggers_build(logger, tmp_path):
-    loggers = build_loggers(compose_train(f"logger={logger}").logger, tmp_path, {})
+    loggers = build_loggers(compose_train(f"logger={logger}").logger, tmp_path)
     assert [type(lg).__name__ for lg in loggers] == (["CSVLogger"] if logger == "csv" else [])
 
 
 def test_wandb_logger_builds_without_network(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    loggers = build_loggers(compose_train("logger=wandb").logger, tmp_path, {"a": 1})
+    loggers = build_loggers(compose_train("logger=wandb").logger, tmp_path)
+    assert [type(lg).__name__ for lg in loggers] == ["CSVLogger", "WandbRun"]
+    wandb_run = loggers[1]
+    assert not list(tmp_path.iterdir())  # nothing written until the run starts
     try:
-        assert [type(lg).__name__ for lg in loggers] == ["WandbLogger"]
-        assert "anonymous" not in loggers[0]._wandb_init  # wandb warns about it, to no avail
+        assert wandb_run.start({"a": 1}).startswith("wandb: disabled run")
+        wandb_run.log_metrics({"x": 1.0}, step=1)
     finally:
-        # The run is process-global in wandb: left open, later wandb.init() calls in this
-        # process return it (disabled, writing nothing) instead of starting their own.
-        loggers[0].experiment.finish()
+        wandb_run.finalize("success")
         import wandb
 
-        wandb.teardown()  # and its session keeps the WANDB_MODE it first saw
+        wandb.teardown()  # its session keeps the WANDB_MODE it first saw
 
 
-def test_fsdp_wraps_each_block(tmp_path, monkeypatch):
-    # FSDP needs CUDA; check the strategy we hand Lightning instead of running it.
-    from types import SimpleNamespace
-
-    import lightning as L
-
+def test_fsdp_wraps_each_block():
+    # FSDP needs CUDA; check the strategy we hand Fabric instead of running it.
     from minigpt.model import Block
+    from minigpt.train.launch import fsdp_strategy
 
-    seen = {}
-
-    def fake_trainer(**kw):
-        seen.update(kw)
-        return SimpleNamespace(world_size=1)
-
-    monkeypatch.setattr(L, "Trainer", fake_trainer)
-    build_trainer(compose_train("trainer=fsdp", "trainer.precision=bf16-mixed"), tmp_path,
-                  callbacks=[], loggers=[])
-    strategy = seen["strategy"]
+    cfg = compose_train("trainer=fsdp", "trainer.precision=bf16-mixed")
+    strategy = fsdp_strategy(resolve_plan(cfg, world_size=2), dict(cfg.trainer.fsdp))
     assert type(strategy).__name__ == "FSDPStrategy"
-    assert strategy.kwargs["use_orig_params"] is True
+    assert strategy._fsdp_kwargs["use_orig_params"] is True
     assert strategy._state_dict_type == "sharded"
-    policy = strategy.kwargs["auto_wrap_policy"]
+    policy = strategy._fsdp_kwargs["auto_wrap_policy"]
     assert set(policy._module_classes) == {Block}
     # bf16 matmuls, but gradients reduced and buffers kept in float32
     mixed = strategy.mixed_precision
@@ -164,13 +155,14 @@ def test_fsdp_wraps_each_block(tmp_path, monkeypatch):
         (torch.bfloat16, torch.float32, torch.float32)
 
 
-def test_trainer_problems_are_config_errors(tmp_path):
-    from minigpt.train.config import ConfigError
+def test_trainer_problems_are_config_errors():
+    from minigpt.errors import ConfigError
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
+    cfg = compose_train("trainer=fsdp")
     with pytest.raises(ConfigError, match="trainer: .*(GPU|gpu|CUDA|cuda)"):
-        build_trainer(compose_train("trainer=fsdp"), tmp_path, callbacks=[], loggers=[])
+        build_fabric(cfg, resolve_plan(cfg, world_size=1), loggers=[])
 
 
 @pytest.mark.parametrize("attention", options("attention"))

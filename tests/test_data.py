@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -545,10 +544,6 @@ def test_cli_default_is_shakespeare_char_config():
 
 # ---- DataModule -------------------------------------------------------------------------------
 
-def fake_trainer(rank, world):
-    return SimpleNamespace(global_rank=rank, world_size=world)
-
-
 def take(loader, n):
     it = iter(loader)
     return [next(it) for _ in range(n)]
@@ -589,7 +584,7 @@ def test_training_stream_depends_on_seed_rank_and_not_on_workers(char_data):
 
     def first(seed=1, rank=0, workers=0, n=4):
         dm = TokenDataModule({**cfg, "num_workers": workers}, context_length=8, seed=seed, data_root=root)
-        dm.trainer = fake_trainer(rank, 2)
+        dm.rank, dm.world_size = rank, 2
         dm.setup("fit")
         return torch.stack([x for x, _ in take(dm.train_dataloader(), n)])
 
@@ -608,7 +603,7 @@ def test_validation_windows_are_fixed_and_sharded_without_overlap(char_data):
 
     def windows(rank, world):
         dm = TokenDataModule(cfg, context_length=T, data_root=root)
-        dm.trainer = fake_trainer(rank, world)
+        dm.rank, dm.world_size = rank, world
         dm.setup("validate")
         loader = dm.val_dataloader()
         xs = torch.cat([x for x, _ in loader])
@@ -623,34 +618,6 @@ def test_validation_windows_are_fixed_and_sharded_without_overlap(char_data):
     assert n0 == n1 == n2 == len(everything) // 3
     assert not (r0 & r1) and not (r1 & r2) and not (r0 & r2)
     assert r0 | r1 | r2 <= single
-
-
-class Recorder:
-    """A minimal LightningModule that records the batches it trains on."""
-
-    @staticmethod
-    def make(vocab_size):
-        import lightning as L
-
-        class _Recorder(L.LightningModule):
-            def __init__(self):
-                super().__init__()
-                self.emb = torch.nn.Embedding(vocab_size, 4)
-                self.seen = []
-
-            def training_step(self, batch, batch_idx):
-                x, y = batch
-                self.seen.append(x.clone())
-                return (self.emb(x) - self.emb(y)).pow(2).mean()
-
-            def validation_step(self, batch, batch_idx):
-                x, y = batch
-                self.log("val/loss", (self.emb(x) - self.emb(y)).pow(2).mean())
-
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), lr=0.1)
-
-        return _Recorder()
 
 
 def test_state_dict_round_trip_without_a_trainer(char_data):
@@ -672,28 +639,23 @@ def test_state_dict_round_trip_without_a_trainer(char_data):
 
 
 def test_resume_continues_with_the_exact_batches(char_data, tmp_path):
-    import lightning as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
+    """A data module restored from another's state (what a checkpoint stores after 4 batches)
+    hands out the batches the first one would have handed out next."""
     cfg, root, meta = char_data
-
-    def fit(ckpt_path=None, callbacks=()):
-        dm = TokenDataModule(cfg, context_length=8, seed=3, data_root=root)
-        model = Recorder.make(dm.vocab_size)
-        trainer = L.Trainer(max_steps=6, accumulate_grad_batches=2, val_check_interval=5,
-                            limit_val_batches=2, num_sanity_val_steps=0, accelerator="cpu",
-                            devices=1, logger=False, enable_progress_bar=False,
-                            enable_model_summary=False, enable_checkpointing=bool(callbacks),
-                            callbacks=list(callbacks))
-        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
-        return model.seen
-
-    every_2 = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=2, save_top_k=-1)
-    straight = fit(callbacks=[every_2])
-    assert len(straight) == 12  # 6 optimizer steps x 2 accumulated batches
-    ckpt = torch.load(tmp_path / "step=2.ckpt", weights_only=True)
-    assert ckpt["TokenDataModule"]["batches_consumed"] == 4
-    resumed = fit(ckpt_path=tmp_path / "step=2.ckpt")
-    assert len(resumed) == 8
+    dm = TokenDataModule(cfg, context_length=8, seed=3, data_root=root)
+    dm.setup()
+    stream = dm.train_batches()
+    straight = [next(stream)[0] for _ in range(12)]
+    assert dm.batches_consumed == 12
+    stream = dm.train_batches()  # again from the start: a run stopped after 2 steps of 2 each
+    for _ in range(4):
+        next(stream)
+    state = dm.state_dict()
+    assert state["batches_consumed"] == 4
+    again = TokenDataModule(cfg, context_length=8, seed=3, data_root=root)
+    again.setup()
+    again.load_state_dict(state)
+    stream = again.train_batches()
+    resumed = [next(stream)[0] for _ in range(8)]
     for a, b in zip(straight[4:], resumed, strict=True):
         torch.testing.assert_close(a, b)

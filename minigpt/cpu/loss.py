@@ -84,10 +84,12 @@ def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chun
         probs = torch._softmax(z32, -1, False, out=probs_buffer[:n])  # float32
         t = safe_targets[start:end, None]  # (n, 1)
         row_loss = probs.gather(1, t).squeeze(1).log_().neg_()  # -log p(target)
-        tiny = row_loss > 60.0  # p(target) near float32 underflow: take those rows exactly
-        if tiny.any():
-            rows_z = z32[tiny]
-            row_loss[tiny] = torch.logsumexp(rows_z, -1) - rows_z.gather(1, t[tiny]).squeeze(1)
+        # Where p(target) nears float32 underflow, exactly: -log p = m - z_t - log p_max, m the
+        # row's largest logit, whose probability (>= 1/V) never underflows. Selected, not
+        # branched on: a branch would copy the condition to the host at every micro-batch.
+        top = probs.argmax(1, keepdim=True)  # (n, 1)
+        exact = (z32.gather(1, top) - z32.gather(1, t) - probs.gather(1, top).log()).squeeze(1)
+        row_loss = torch.where(row_loss > 60.0, exact, row_loss)
         row_scale = valid[start:end] * scale  # (n,): 1 / n_valid, 0 on ignored rows
         losses[start:end] = row_loss * (row_scale > 0)
         if need_grads:

@@ -1,7 +1,7 @@
 """Data: sources -> tokens (``prepare_dataset``) -> memory-mapped batches (``TokenDataModule``).
 
 ``python -m minigpt.data data=<name>`` prepares one ``configs/data/<name>.yaml`` on its own.
-Importing this package does no work; ``TokenDataModule`` (and with it Lightning) loads on first use.
+Importing this package does no work; ``TokenDataModule`` (and with it torch) loads on first use.
 """
 
 from minigpt.data.config import DataConfig, DataError
@@ -20,7 +20,7 @@ __all__ = ["DataConfig", "DataError", "TokenDataModule", "check_token_ids", "che
 
 
 def __getattr__(name: str):
-    if name == "TokenDataModule":  # keeps Lightning out of `python -m minigpt.data`
+    if name == "TokenDataModule":  # keeps torch out of `python -m minigpt.data`
         from minigpt.data.datamodule import TokenDataModule
 
         return TokenDataModule

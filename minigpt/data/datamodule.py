@@ -1,4 +1,4 @@
-"""``TokenDataModule``: memory-mapped token files -> (x, y) batches for Lightning.
+"""``TokenDataModule``: memory-mapped token files -> (x, y) batches for the training loop.
 
 Letters: B = batch size, T = context_length. A batch is ``(x, y)``, int64 tensors of shape (B, T)
 with ``y[:, t] == x[:, t + 1]``, cut from windows of T + 1 consecutive tokens.
@@ -20,7 +20,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -100,27 +99,30 @@ class FixedWindows(_Windows):
             yield self._batch(tokens, starts)
 
 
-class TokenDataModule(L.LightningDataModule):
-    """Prepared token files as a LightningDataModule (see the module docstring for the batches).
+class TokenDataModule:
+    """Prepared token files as batches (see the module docstring for the batches).
 
-    ``prepare_data()`` prepares the files if needed (Lightning calls it on one process per node);
-    ``setup()`` memory-maps them. ``meta``, ``tokenizer`` and ``vocab_size`` are available once the
-    files exist, before ``setup()``, so a model can be sized from them.
+    ``prepare_data()`` prepares the files if needed; ``setup()`` memory-maps them. ``meta``,
+    ``tokenizer`` and ``vocab_size`` are available once the files exist, before ``setup()``, so a
+    model can be sized from them. ``rank`` and ``world_size`` say which process's share to deal
+    out. ``train_batches()`` counts what it hands out in ``batches_consumed``, which
+    ``state_dict()`` stores in checkpoints and ``load_state_dict()`` resumes from.
     """
 
-    def __init__(self, data_cfg: Any, context_length: int, seed: int = 1337, data_root: str = "data"):
-        super().__init__()
+    def __init__(self, data_cfg: Any, context_length: int, seed: int = 1337, data_root: str = "data",
+                 *, rank: int = 0, world_size: int = 1):
         self.config = DataConfig.from_any(data_cfg)
         if not isinstance(context_length, int) or context_length < 1:
             raise ValueError(f"context_length={context_length!r} must be a positive integer")
         self.context_length, self.seed, self.data_root = context_length, int(seed), str(data_root)
         self.batch_size = self.config.batch_size
         self.directory = Path(data_root) / self.config.name
+        self.rank, self.world_size = rank, world_size
         self.start_batch = 0  # first training batch to draw; set from checkpoints on resume
+        self.drawn = 0  # training batches train_batches() has handed out since start_batch
+        self.pin_memory = torch.cuda.is_available()  # the loop turns it off for CPU processes
         self._meta: dict | None = None
         self._tokenizer: Tokenizer | None = None
-        self._stream_start: int | None = None  # start_batch of the current training stream
-        self._progress_at_start = 0  # the trainer's processed-batch count at that point
         self._val_starts: np.ndarray | None = None
 
     # ---- metadata --------------------------------------------------------------------------
@@ -154,7 +156,7 @@ class TokenDataModule(L.LightningDataModule):
     def vocab_size(self) -> int:
         return self.meta["vocab_size"]
 
-    # ---- Lightning hooks -------------------------------------------------------------------
+    # ---- files ---------------------------------------------------------------------------
 
     def prepare_data(self) -> None:
         self._meta = prepare_dataset(self.config, self.data_root)
@@ -172,39 +174,29 @@ class TokenDataModule(L.LightningDataModule):
         self._val_starts = val_window_starts(meta["val_tokens"], self.context_length,
                                              self.config.val_tokens)
 
-    def _rank_world(self) -> tuple[int, int]:
-        trainer = self.trainer
-        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-
-    def _processed_batches(self) -> int:
-        """Training batches Lightning has run (restored from checkpoints, so it survives resume)."""
-        try:
-            return int(self.trainer.fit_loop.epoch_loop.batch_progress.total.processed)
-        except AttributeError:  # no trainer attached
-            return 0
-
     def _loader(self, dataset: IterableDataset, persistent: bool) -> DataLoader:
-        device = getattr(getattr(self.trainer, "strategy", None), "root_device", None)
-        on_gpu = torch.cuda.is_available() and (device is None or device.type == "cuda")
         workers = self.config.num_workers
-        return DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=on_gpu,
+        return DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
                           persistent_workers=persistent and workers > 0)
 
     def train_dataloader(self) -> DataLoader:
         if self._val_starts is None:
             self.setup("fit")
-        rank, _ = self._rank_world()
-        self._stream_start = self.start_batch
-        self._progress_at_start = self._processed_batches()
         dataset = RandomWindows(self.directory / "train.bin", self.meta["dtype"],
                                 self.meta["train_tokens"], self.context_length, self.batch_size,
-                                self.seed, rank, start_batch=self.start_batch)
+                                self.seed, self.rank, start_batch=self.start_batch)
         return self._loader(dataset, persistent=False)
+
+    def train_batches(self) -> CountedBatches:
+        """The endless training stream from ``start_batch``, counted in ``batches_consumed``.
+        Its loader's iterator is made here (drawing its seed from torch's RNG), not later."""
+        self.drawn = 0
+        return CountedBatches(iter(self.train_dataloader()), self)
 
     def val_dataloader(self) -> DataLoader:
         if self._val_starts is None:
             self.setup("validate")
-        rank, world = self._rank_world()
+        rank, world = self.rank, self.world_size
         # every rank gets the same number of windows (collectives stay in step); the last
         # len % world windows are left out under DDP
         per_rank = len(self._val_starts) // world
@@ -217,22 +209,21 @@ class TokenDataModule(L.LightningDataModule):
                                self.config.val_batch_size or self.batch_size)
         return self._loader(dataset, persistent=True)
 
-    # ---- resumable state (stored in Lightning checkpoints) ---------------------------------
+    # ---- resumable state (stored in checkpoints) -------------------------------------------
 
+    @property
     def batches_consumed(self) -> int:
-        """Index of the next training batch: the stream start plus what the trainer ran since."""
-        if self._stream_start is None:
-            return self.start_batch
-        return self._stream_start + self._processed_batches() - self._progress_at_start
+        """Index of the next training batch: where a resumed run's stream starts."""
+        return self.start_batch + self.drawn
 
     def state_dict(self) -> dict:
         meta_fp = self._meta.get("fingerprint") if self._meta else None
-        return {"batches_consumed": self.batches_consumed(), "seed": self.seed,
+        return {"batches_consumed": self.batches_consumed, "seed": self.seed,
                 "batch_size": self.batch_size, "context_length": self.context_length,
                 "fingerprint": meta_fp}
 
     def load_state_dict(self, state: dict) -> None:
-        self.start_batch = int(state["batches_consumed"])
+        self.start_batch, self.drawn = int(state["batches_consumed"]), 0
         now = {"seed": self.seed, "batch_size": self.batch_size,
                "context_length": self.context_length}
         if self._meta is not None:
@@ -242,3 +233,18 @@ class TokenDataModule(L.LightningDataModule):
             warnings.warn(f"resuming with different data settings ({', '.join(changed)}): training "
                           f"continues at batch {self.start_batch}, but not with the batches the "
                           f"original run would have drawn", stacklevel=2)
+
+
+class CountedBatches:
+    """An iterator over training batches that counts them into ``data.drawn``."""
+
+    def __init__(self, batches, data: TokenDataModule):
+        self._batches, self._data = batches, data
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = next(self._batches)
+        self._data.drawn += 1
+        return batch

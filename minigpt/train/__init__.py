@@ -1,7 +1,10 @@
 """Everything ``train.py`` runs, one job a module.
 
-``config`` (checks before any work), ``model_init`` (vocabulary, fresh or pretrained weights),
-``optim`` (AdamW groups, the LR schedule), ``device`` (precision, GPU peaks), ``lit`` (the
-LightningModule), ``rng`` (RNG state in checkpoints), ``callbacks``, ``loggers``, ``trainer``
-(the Lightning ``Trainer``), and ``run`` (``run(cfg)``, what ``train.py`` calls).
+``config`` (checks before any work), ``plan`` (device, precision, compile, CPU speedups,
+processes and the global batch, resolved once), ``preflight`` (will a step fit in memory),
+``launch`` (Lightning Fabric for the plan), ``model_init`` (vocabulary, fresh or pretrained
+weights), ``optim`` (AdamW groups, the LR schedule), ``loop`` (the training loop),
+``checkpoints`` (what one holds, atomic files, resuming), ``sample``, ``interrupt`` (Ctrl-C and
+SIGTERM), ``loggers``, ``rng``, ``resume`` (is a checkpoint this run's to continue), and ``run``
+(``run(cfg)``, what ``train.py`` calls).
 """

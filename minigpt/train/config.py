@@ -7,14 +7,13 @@ import os
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from minigpt.errors import UserError
+from minigpt.errors import ConfigError
 from minigpt.model import GPTConfig
+from minigpt.train.plan import batch_plan
 
 MODEL_EXTRA_KEYS = ("name", "init_from")  # model/*.yaml keys that are not GPTConfig fields
 
-
-class ConfigError(UserError, ValueError):
-    """A bad config value, found before any work starts; the message names each one."""
+__all__ = ["ConfigError", "check_config", "gpt_config"]  # ConfigError: its home is minigpt.errors
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -41,8 +40,15 @@ def check_config(cfg: DictConfig) -> None:
     for key in ("warmup_steps", "decay_steps"):
         if not isinstance(o.get(key), int) or o.get(key) < 0:
             problems.append(f"optim.{key}={o.get(key)!r} must be an integer >= 0")
-    if not isinstance(t.get("max_steps"), int) or t.max_steps < 1:
-        problems.append(f"trainer.max_steps={t.get('max_steps')!r} must be a positive integer")
+    for key in ("max_steps", "val_check_interval", "log_every_n_steps"):
+        value = t.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            problems.append(f"trainer.{key}={value!r} must be a positive integer (optimizer steps)")
+    limit = t.get("limit_val_batches")
+    if limit is not None and not (isinstance(limit, int) and limit >= 1 or
+                                  isinstance(limit, float) and 0 < limit <= 1):
+        problems.append(f"trainer.limit_val_batches={limit!r} must be null, a number of batches "
+                        ">= 1, or a fraction in (0, 1]")
     accumulate = t.get("accumulate_grad_batches", 1)
     if not isinstance(accumulate, int) or accumulate < 1:
         problems.append(f"trainer.accumulate_grad_batches={accumulate!r} must be a positive integer")
@@ -66,8 +72,6 @@ def check_config(cfg: DictConfig) -> None:
 def _batch_problems(cfg: DictConfig) -> list[str]:
     """``data.tokens_per_step`` against the batch plan, when the number of processes is given as
     numbers (with ``devices: auto`` the trainer knows it, and ``build_trainer`` checks then)."""
-    from minigpt.train.batch import batch_plan
-
     tokens, t = cfg.data.get("tokens_per_step"), cfg.trainer
     devices, nodes = t.get("devices", "auto"), t.get("num_nodes", 1)
     numbers = (cfg.data.get("batch_size"), cfg.model.get("context_length"), devices, nodes)

@@ -1,27 +1,8 @@
-"""Which device a run trains on, in which precision, and the device's peak FLOP/s for MFU."""
+"""Which device a run trains on, in which precision, and whether it compiles."""
 
 from __future__ import annotations
 
 import torch
-
-# Dense bf16/fp16 tensor-core peaks (FLOP/s) of common GPUs, from their vendors' data sheets,
-# matched by substring of the device name, most specific first. MFU is only reported when the
-# device is found here (or the user sets ``peak_flops``), since a wrong peak is worse than none.
-GPU_PEAK_FLOPS = (
-    ("H200", 989e12),
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),
-    ("A100", 312e12),
-    ("A10G", 70e12),
-    ("A10", 125e12),
-    ("L40S", 362e12),
-    ("L4", 121e12),
-    ("RTX 4090", 165e12),
-    ("RTX 3090", 71e12),
-    ("A6000", 155e12),
-    ("V100", 125e12),
-    ("T4", 65e12),
-)
 
 
 def resolve_accelerator(accelerator: str | None) -> str:
@@ -86,11 +67,3 @@ def compile_enabled(compile_option, accelerator: str | None) -> bool:
     if compile_option == "auto":
         return resolve_accelerator(accelerator) == "gpu"
     return bool(compile_option)
-
-
-def peak_flops(device: torch.device) -> float | None:
-    """Dense half-precision peak of a known GPU, else None (MFU is then not logged)."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in GPU_PEAK_FLOPS if key in name), None)

@@ -1,16 +1,19 @@
-"""The run's loggers: wandb (offline unless logged in), CSV, or none."""
+"""The run's loggers, as Lightning Fabric loggers: CSV (``csv/metrics.csv``) for ``logger=csv``
+and ``logger=wandb``, plus wandb (offline unless logged in) for the latter; none for
+``logger=none``."""
 
 from __future__ import annotations
 
 import netrc
 import os
 from pathlib import Path
+from typing import Any
 
-import lightning as L
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
+from lightning.fabric.loggers import CSVLogger, Logger
+from lightning.fabric.utilities import rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig
 
-from minigpt.train.config import ConfigError
+from minigpt.errors import ConfigError
 
 
 def _wandb_logged_in() -> bool:
@@ -24,41 +27,81 @@ def _wandb_logged_in() -> bool:
         return False
 
 
-def build_loggers(logger_cfg: DictConfig, run_dir: Path, config: dict) -> list:
-    """The loggers for ``logger.type``: wandb (offline unless logged in; CSV if it cannot
-    start), csv, or none. wandb never prompts and never takes a run down with it."""
+def build_loggers(logger_cfg: DictConfig, run_dir: Path) -> list[Logger]:
+    """The loggers for ``logger.type``. Nothing is written until the first thing is logged, so a
+    run that fails its checks leaves no log directory behind."""
     kind = logger_cfg.type
+    if kind not in ("wandb", "csv", "none"):
+        raise ConfigError(f"logger.type={kind!r} must be wandb, csv or none")
     if kind == "none":
         return []
-    csv = L.pytorch.loggers.CSVLogger(run_dir, name="csv", version="")
-    if kind == "csv":
-        return [csv]
-    if kind != "wandb":
-        raise ConfigError(f"logger.type={kind!r} must be wandb, csv or none")
-    mode = os.environ.get("WANDB_MODE") or logger_cfg.get("mode") or (
-        "online" if _wandb_logged_in() else "offline")
-    try:
-        import wandb
+    csv = CSVLogger(root_dir=run_dir, name="csv", version="")
+    return [csv] if kind == "csv" else [csv, WandbRun(logger_cfg, run_dir)]
 
-        wandb_logger = L.pytorch.loggers.WandbLogger(
-            project=logger_cfg.project, entity=logger_cfg.get("entity"),
-            name=logger_cfg.get("name"), tags=list(logger_cfg.get("tags") or []),
-            save_dir=str(run_dir), mode=mode,
-            settings=wandb.Settings(init_timeout=60, console="off"),
-        )
-        # Lightning always passes wandb.init(anonymous=None), and recent wandb versions warn
-        # that the (deprecated) setting has no effect whenever it is passed at all: a warning
-        # the user cannot act on. Not passing it changes nothing else.
-        getattr(wandb_logger, "_wandb_init", {}).pop("anonymous", None)
-        if rank_zero_only.rank == 0:
-            run = wandb_logger.experiment  # start now, so a failure shows before training
-            run.config.update(config, allow_val_change=True)
-            run.summary["run_dir"] = str(run_dir)
-            run.summary["checkpoint_dir"] = str(run_dir / "checkpoints")
-            rank_zero_info(f"wandb: {mode} run {run.id} in {run_dir / 'wandb'}"
-                           + ("; sync later with `wandb sync`" if mode == "offline" else ""))
-        return [wandb_logger]
-    except Exception as e:  # missing package, bad key, no network, ...
-        rank_zero_warn(f"wandb could not start ({type(e).__name__}: {e}); logging to "
-                       f"{run_dir / 'csv'} instead")
-        return [csv]
+
+class WandbRun(Logger):
+    """A wandb run as a Fabric logger: started by ``start()`` on rank 0 (offline unless logged
+    in; never prompts), inert elsewhere or when wandb cannot start (the CSV log still has it all).
+
+    Written here rather than Lightning's ``WandbLogger``: that one always passes wandb a
+    deprecated argument that wandb warns about on every run, and raises in the middle of training
+    when wandb fails to start; this one calls only wandb's public ``init``/``log``."""
+
+    def __init__(self, logger_cfg: DictConfig, run_dir: Path):
+        self.cfg, self.run_dir = logger_cfg, Path(run_dir)
+        self.run: Any = None
+
+    @property
+    def name(self) -> str:
+        return "wandb"
+
+    @property
+    def version(self) -> str:
+        return self.run.id if self.run is not None else ""
+
+    @rank_zero_only
+    def start(self, config: dict) -> str | None:
+        """Start the run (one line saying where), or warn and stay inert."""
+        mode = os.environ.get("WANDB_MODE") or self.cfg.get("mode") or (
+            "online" if _wandb_logged_in() else "offline")
+        try:
+            import wandb
+
+            self.run = wandb.init(
+                project=self.cfg.project, entity=self.cfg.get("entity"), name=self.cfg.get("name"),
+                tags=list(self.cfg.get("tags") or []), dir=str(self.run_dir), mode=mode,
+                config=config, settings=wandb.Settings(init_timeout=60, console="off"),
+            )
+            self.run.summary["run_dir"] = str(self.run_dir)
+            self.run.summary["checkpoint_dir"] = str(self.run_dir / "checkpoints")
+        except Exception as e:  # missing package, bad key, no network, ...
+            rank_zero_warn(f"wandb could not start ({type(e).__name__}: {e}); the run logs to "
+                           f"{self.run_dir / 'csv'} only")
+            self.run = None
+            return None
+        return f"wandb: {mode} run {self.run.id} in {self.run_dir / 'wandb'}" + (
+            "; sync later with `wandb sync`" if mode == "offline" else "")
+
+    @rank_zero_only
+    def log_hyperparams(self, params: dict, *args: Any, **kwargs: Any) -> None:
+        if self.run is not None:
+            self.run.config.update(params, allow_val_change=True)
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        if self.run is not None:
+            self.run.log({**metrics, "trainer/step": step})
+
+    @rank_zero_only
+    def log_samples(self, rows: list[list]) -> None:
+        """The samples so far as one table (wandb shows a table's latest version)."""
+        if self.run is not None:
+            import wandb
+
+            self.run.log({"samples": wandb.Table(columns=["step", "text"], data=rows)})
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        if self.run is not None:
+            self.run.finish(exit_code=0 if status == "success" else 1)
+            self.run = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.fabric.utilities import rank_zero_info, rank_zero_warn
 
 from minigpt.checkpoint import load_checkpoint
 from minigpt.model import GPT, GPTConfig

@@ -147,31 +147,19 @@ def vocab_before_data(tokenizer_name: str) -> int:
     return _VOCAB_BEFORE_DATA.get(tokenizer_name, 50257)
 
 
-def check_run_fits(cfg, model: dict) -> None:
-    """``check_memory`` for a composed train config and the model it builds (a GPTConfig dict),
-    on the device the run will use."""
-    from omegaconf import OmegaConf
-
-    from minigpt.train.device import compile_enabled, default_precision, resolve_accelerator
-
-    t = cfg.trainer
-    accelerator = resolve_accelerator(t.get("accelerator", "auto"))
-    precision = str(t.get("precision") or default_precision(accelerator))
-    devices = t.get("devices", "auto")
-    count = len(devices) if OmegaConf.is_list(devices) else devices if isinstance(devices, int) \
-        else 1
-    fsdp = t.get("strategy") == "fsdp"
-    compiled = compile_enabled(cfg.get("compile", "auto"), accelerator)
-    chunked = accelerator == "cpu" and cfg.get("cpu_speedups", "auto") is not False \
-        and not compiled and not precision.startswith("16")
+def check_run_fits(plan, model: dict) -> None:
+    """``check_memory`` for a run's plan (``minigpt.train.plan.RunPlan``) and the model it builds
+    (a GPTConfig dict), on the device the run will use."""
+    processes = plan.world_size // plan.num_nodes  # the processes sharing one machine's RAM
     estimate = estimate_training_memory(
-        model, cfg.data.batch_size, precision=precision, chunked_loss=chunked,
-        shards=count * t.get("num_nodes", 1) if fsdp else 1,
-        activation_checkpointing=bool(fsdp and (t.get("fsdp") or {}).get("activation_checkpointing")),
+        model, plan.batch.batch_size, precision=plan.precision, chunked_loss=plan.chunked_loss,
+        shards=plan.world_size if plan.fsdp else 1,
+        activation_checkpointing=plan.fsdp and plan.activation_checkpointing,
     )
-    available, where = available_memory(accelerator, count if accelerator == "cpu" else 1)
+    available, where = available_memory(plan.accelerator,
+                                        processes if plan.accelerator == "cpu" else 1)
     check_memory(estimate, available, where, {
-        "data.batch_size": cfg.data.batch_size, "model.context_length": model["context_length"]})
+        "data.batch_size": plan.batch.batch_size, "model.context_length": model["context_length"]})
 
 
 @contextlib.contextmanager

@@ -1,29 +1,29 @@
-"""``train.py`` with Lightning's FSDP strategy let through on CPU processes (gloo), for tests only.
+"""``train.py`` with Lightning Fabric's FSDP strategy let through on CPU processes (gloo), for
+tests only.
 
     python tests/train/fsdp_cpu_train.py trainer=fsdp trainer.accelerator=cpu trainer.devices=2 ...
 
-Four device guards are lifted, nothing else changes: Lightning rejects ``FSDPStrategy`` itself on
-a CPU (a subclass passes its check); FSDP needs ``device_id=cpu`` to keep CPU parameters (Lightning
+Four device guards are lifted, nothing else changes: Fabric rejects ``FSDPStrategy`` itself on
+a CPU (a subclass passes its check); FSDP needs ``device_id=cpu`` to keep CPU parameters (Fabric
 passes the device index, None on a CPU); gathering a full state dict with ``offload_to_cpu=True``
 crashes when the parameters already live on the CPU (torch 2.13), so it is gathered without
-offload; Lightning's FSDP precision plugin autocasts on ``cuda`` only, so under ``bf16-mixed`` it
-autocasts on the CPU here. On GPUs Lightning runs the unchanged code.
+offload; Fabric's FSDP precision plugin autocasts on ``cuda`` only, so under ``bf16-mixed`` it
+autocasts on the CPU here. On GPUs Fabric runs the unchanged code.
 """
 
 import contextlib
 import sys
 from pathlib import Path
 
+import lightning.fabric.strategies as strategies
 import lightning.fabric.strategies.fsdp as fabric_fsdp
-import lightning.pytorch.strategies as strategies
-import lightning.pytorch.strategies.fsdp as pytorch_fsdp
 import torch
 import torch.distributed.fsdp as fsdp
-from lightning.pytorch.plugins.precision import FSDPPrecision
+from lightning.fabric.plugins.precision.fsdp import FSDPPrecision
 
 
 class CPUFSDPStrategy(strategies.FSDPStrategy):
-    """Lightning's accelerator check rejects ``type(strategy) is FSDPStrategy`` on a CPU."""
+    """Fabric's accelerator check rejects ``type(strategy) is FSDPStrategy`` on a CPU."""
 
 
 class CPUFullyShardedDataParallel(fsdp.FullyShardedDataParallel):
@@ -53,10 +53,9 @@ original_forward_context = FSDPPrecision.forward_context
 FSDPPrecision.forward_context = cpu_autocast
 strategies.FSDPStrategy = CPUFSDPStrategy
 fsdp.FullyShardedDataParallel = CPUFullyShardedDataParallel
-pytorch_fsdp._get_full_state_dict_context = full_state_dict_without_offload
 fabric_fsdp._get_full_state_dict_context = full_state_dict_without_offload
 
-# Run train.py as the main script; Lightning starts the other rank with this file's sys.argv.
+# Run train.py as the main script; Fabric starts the other rank with this file's sys.argv.
 train_py = Path(__file__).resolve().parents[2] / "train.py"
 sys.path.insert(0, str(train_py.parent))
 exec(compile(train_py.read_text(), str(train_py), "exec"),

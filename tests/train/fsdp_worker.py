@@ -1,6 +1,6 @@
 """One rank of tests/train/test_fsdp.py: ``torchrun --nproc_per_node 2 tests/train/fsdp_worker.py OUT_DIR``.
 
-Wraps a tiny GPT the way Lightning's FSDPStrategy does with our settings (the LightningModule as
+Wraps a tiny GPT the way Fabric's FSDPStrategy does with our settings (ModelWithLoss as
 the root unit, one unit per Block, FULL_SHARD, use_orig_params), trains a few steps on this
 rank's half of each batch, then writes (rank-wise JSON) how far the gathered parameters are from
 a plain single-process model trained on the whole batches, and the greedy sample each gives.
@@ -18,12 +18,12 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from minigpt.model import GPT, Block, GPTConfig
 from minigpt.sampling import generate
-from minigpt.train.callbacks import gathered_parameters
 from minigpt.train.optim import param_groups
+from minigpt.train.sample import gathered_parameters
 
 
 class Root(nn.Module):
-    """Stands in for LitGPT: Lightning runs training_step through the root unit's forward."""
+    """Stands in for ModelWithLoss: the loop runs a step through the root unit's forward."""
 
     def __init__(self, model: GPT):
         super().__init__()

@@ -1,0 +1,275 @@
+"""The training loop, written out like nanoGPT's and run by Lightning Fabric.
+
+Fabric owns the devices, the strategy (one process, DDP, FSDP, several nodes), precision and the
+loggers; this module owns the step, accumulation, logging, validation, samples and checkpoints.
+A micro-batch that does not log copies nothing from the device to the host: the loss
+accumulates on the device and is read back once per logging step.
+
+Hooks for tests and tools: ``Fabric(callbacks=[...])`` objects may define
+``on_train_batch_start(loop, micro)`` (before each micro-batch) and
+``on_train_step_end(loop, loss)`` (after each optimizer step; ``loss`` is on the device).
+Shape letters: B batch, T tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+from lightning.fabric import Fabric
+from lightning.fabric.utilities.throughput import Throughput, get_available_flops
+from torch import nn
+from tqdm import tqdm
+
+from minigpt.data import TokenDataModule
+from minigpt.model import GPT
+from minigpt.train.checkpoints import BEST, LAST, CheckpointFiles, training_state
+from minigpt.train.interrupt import StopRequest
+from minigpt.train.plan import RunPlan
+from minigpt.train.rng import set_rng_state
+from minigpt.train.sample import Sampler
+
+
+class ModelWithLoss(nn.Module):
+    """A GPT and its training objective as one module, which Fabric wraps (DDP, FSDP,
+    precision): a step is one forward through the wrapper, (B, T) tokens and targets in, the
+    mean loss out. Its state dict is the model's prefixed ``model.``, every checkpoint's layout.
+
+    With ``compile``, the loss (forward, LM head and cross-entropy) is compiled as one graph and
+    the module itself is not wrapped, so parameter names keep no ``_orig_mod.`` prefix and
+    sampling runs the model eagerly. Under FSDP the graph breaks at each unit, so it is not
+    required to be whole there."""
+
+    def __init__(self, model: GPT, compile: bool = False, fullgraph: bool = True):
+        super().__init__()
+        self.model = model
+        self.loss = torch.compile(model.loss, fullgraph=fullgraph) if compile else model.loss
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.loss(idx, targets)
+
+
+@dataclass
+class Progress:
+    """Where the run stands; saved in every checkpoint."""
+
+    global_step: int = 0
+    best_val_loss: float | None = None
+    val_loss: float | None = None
+
+    def as_dict(self) -> dict:
+        return {"global_step": self.global_step, "best_val_loss": self.best_val_loss,
+                "val_loss": self.val_loss}
+
+
+@dataclass
+class Loop:
+    """A run's training loop; ``fit()`` runs it to ``plan.max_steps``."""
+
+    fabric: Fabric
+    plan: RunPlan
+    module: nn.Module  # ModelWithLoss, set up by Fabric
+    optimizer: torch.optim.Optimizer  # set up by Fabric
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    data: TokenDataModule
+    checkpoints: CheckpointFiles
+    sampler: Sampler
+    tokenizer: dict  # the tokenizer's to_dict(), stored in every checkpoint
+    grad_clip: float | None = None
+    bytes_per_token: float | None = None  # UTF-8 bytes per validation token, for bits per byte
+    peak_flops: float | None = None  # per device, for MFU (known GPUs: Lightning's table)
+    progress_bar: bool = True
+    progress: Progress = field(default_factory=Progress)
+    pending_rng: dict | None = None  # restored once the training batches are ready
+    stop: StopRequest | None = None
+    lr: float = 0.0  # the learning rate of the latest step
+    metrics: dict = field(default_factory=dict)  # the last values logged, by name
+
+    @property
+    def model(self) -> GPT:
+        return self.module.model
+
+    # ---- one optimizer step ---------------------------------------------------------------------
+    def train_step(self, batches) -> tuple[torch.Tensor, torch.Tensor]:
+        """``plan.batch.accumulate`` micro-batches, then one optimizer step. Returns the step's
+        mean loss and the gradient norm before clipping, both still on the device."""
+        fabric, accumulate = self.fabric, self.plan.batch.accumulate
+        step_loss = torch.zeros((), device=fabric.device)
+        for micro in range(accumulate):
+            x, y = fabric.to_device(next(batches))  # (B, T) each
+            fabric.call("on_train_batch_start", loop=self, micro=micro)
+            # Gradients are averaged over the processes once per step, on the last micro-batch.
+            with fabric.no_backward_sync(self.module, enabled=micro < accumulate - 1):
+                loss = self.module(x, y) / accumulate
+                fabric.backward(loss)
+            step_loss += loss.detach()
+        grad_norm = fabric.clip_gradients(self.module, self.optimizer,
+                                          max_norm=self.grad_clip or math.inf,
+                                          error_if_nonfinite=False)  # True would read it back
+        self.lr = self.optimizer.param_groups[0]["lr"]  # the lr this step uses
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return step_loss, grad_norm
+
+    # ---- the run --------------------------------------------------------------------------------
+    def fit(self) -> Progress:
+        """Train from ``progress.global_step`` to ``plan.max_steps``: log every
+        ``plan.log_every`` steps; validate, sample and checkpoint every ``plan.val_every`` steps
+        and at the end; on Ctrl-C or SIGTERM save ``last.ckpt`` after the step and exit."""
+        plan, fabric = self.plan, self.fabric
+        batches = self.data.train_batches()  # its loader's iterator draws from torch's RNG ...
+        if self.pending_rng is not None:  # ... so a resumed run's RNG state goes in after it
+            set_rng_state(self.pending_rng)
+            self.pending_rng = None
+        self.module.train()
+        clock = TrainingClock(self._throughput(), plan,
+                              self.model.flops_per_token(plan.batch.context_length))
+        bar = tqdm(total=plan.max_steps, initial=self.progress.global_step, desc="train",
+                   unit="step", dynamic_ncols=True,
+                   disable=not (fabric.is_global_zero and self.progress_bar))
+        self.stop = StopRequest(fabric.world_size)
+        with self.stop.installed(), bar:
+            while self.progress.global_step < plan.max_steps:
+                loss, grad_norm = self.train_step(batches)
+                self.progress.global_step += 1
+                step = self.progress.global_step
+                fabric.call("on_train_step_end", loop=self, loss=loss)
+                logs = step % plan.log_every == 0 or step == plan.max_steps
+                if logs:  # the one host sync of a training step, and only of a logging one
+                    values = {"train/loss": float(loss), "grad_norm": float(grad_norm)}
+                clock.step_done()
+                if logs:
+                    self.log({**values, "lr": self.lr, **clock.rates(step)}, step)
+                    bar.set_postfix(loss=f"{values['train/loss']:.4f}", refresh=False)
+                bar.update(1)
+                if step % plan.val_every == 0 or step == plan.max_steps:
+                    self.validate_and_checkpoint(bar)
+                    clock.restart()  # validation, samples and checkpoints are not training time
+                if self.stop.requested():
+                    self.save_and_exit()
+        return self.progress
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.metrics.update(metrics)
+        self.fabric.log_dict(metrics, step=step)
+
+    # ---- validation, samples, checkpoints -------------------------------------------------------
+    @torch.no_grad()
+    def validate(self) -> float:
+        """Token-weighted mean loss over the fixed validation windows of all processes: the
+        same number for any process count."""
+        fabric, limit = self.fabric, self.plan.limit_val_batches
+        loader = self.data.val_dataloader()
+        n = len(loader) if limit is None else min(len(loader), limit if isinstance(limit, int)
+                                                  else max(1, math.ceil(limit * len(loader))))
+        total = torch.zeros(2, dtype=torch.float64, device=fabric.device)  # loss sum, tokens
+        self.module.eval()
+        for i, batch in enumerate(loader):
+            if i == n:
+                break
+            x, y = fabric.to_device(batch)  # (B, T) each
+            total[0] += self.module(x, y).double() * y.numel()
+            total[1] += y.numel()
+        self.module.train()
+        total = fabric.all_reduce(total, reduce_op="sum")
+        return float(total[0] / total[1].clamp(min=1))
+
+    def validate_and_checkpoint(self, bar) -> None:
+        step = self.progress.global_step
+        loss = self.validate()
+        metrics = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
+        if self.bytes_per_token:
+            metrics["val/bpb"] = loss / math.log(2) / self.bytes_per_token
+        self.log(metrics, step)
+        if self.fabric.is_global_zero:
+            bar.write(f"step {step}: val/loss {loss:.4f}")
+        self.sample(step)
+        best = self.progress.best_val_loss
+        improved = best is None or loss < best
+        self.progress.val_loss = loss
+        if improved:
+            self.progress.best_val_loss = loss
+        state = self.state()
+        if improved:
+            self.checkpoints.write(BEST, state)
+            self.checkpoints.link_last_to_best()
+        else:
+            self.checkpoints.write(LAST, state)
+
+    def sample(self, step: int) -> None:
+        text = self.sampler.sample(self.model, self.fabric.device, self.fabric.autocast(),
+                                   self.module)
+        if text is None or not self.fabric.is_global_zero:
+            return
+        self.fabric.print(f"\n--- sample at step {step} ---\n{text}\n---")
+        self.sampler.record(step, text)
+        for logger in self.fabric.loggers:
+            if hasattr(logger, "log_samples"):
+                logger.log_samples(self.sampler.rows)
+
+    def state(self) -> dict:
+        return training_state(self.module, self.optimizer, self.scheduler, self.data,
+                              self.progress.as_dict(), self.model.config.to_dict(), self.tokenizer)
+
+    def save_and_exit(self) -> None:
+        name, step = self.stop.signal_name, self.progress.global_step
+        path = self.checkpoints.write(LAST, self.state())
+        self.fabric.print(f"{name}: saved {path} at step {step}; resume with "
+                          f"`python train.py ckpt_path={path}`")
+        raise SystemExit(self.stop.exit_code)
+
+    # ---- throughput -----------------------------------------------------------------------------
+    def _throughput(self) -> Throughput:
+        """Lightning's throughput counter over the last logging interval, with MFU where the
+        device's peak is known. FLOPs per token: the model's formula (nanoGPT's 6 N + 12 L T C),
+        which counts the attention scores of the full (T, T) square like Lightning's
+        ``measure_flops`` does for SDPA."""
+        fabric = self.fabric
+        peak = self.peak_flops
+        if peak is None and fabric.device.type == "cuda":
+            half = self.plan.precision.startswith(("bf16", "16"))
+            peak = get_available_flops(fabric.device, torch.bfloat16 if half else torch.float32)
+        return Throughput(available_flops=peak, world_size=fabric.world_size,
+                          window_size=self.plan.log_every + 1)
+
+
+class TrainingClock:
+    """Training time (validation excluded) and tokens, fed to Lightning's ``Throughput`` at each
+    step; read at logging steps, right after the host sync, so the window between two of them
+    holds the time the device took."""
+
+    def __init__(self, throughput: Throughput, plan: RunPlan, flops_per_token: float | None = None):
+        self.throughput, self.batch = throughput, plan.batch
+        self.flops_per_step = flops_per_token * plan.batch.tokens_per_micro_batch * \
+            plan.batch.accumulate if flops_per_token else None
+        self.elapsed, self.steps = 0.0, 0
+        self.throughput.update(time=0.0, batches=0, samples=0, lengths=0)
+        self.restart()
+
+    def restart(self) -> None:
+        self.last = time.perf_counter()
+
+    def step_done(self) -> None:
+        now = time.perf_counter()
+        self.elapsed += now - self.last
+        self.last = now
+        self.steps += 1
+        micro = self.steps * self.batch.accumulate  # micro-batches this process ran
+        self.throughput.update(time=self.elapsed, batches=self.steps,
+                               samples=micro * self.batch.batch_size,
+                               lengths=micro * self.batch.tokens_per_micro_batch,
+                               flops=self.flops_per_step)
+
+    def rates(self, step: int) -> dict:
+        """``tokens`` seen by all processes, and once the window is full ``tokens_per_s`` (all
+        processes) and ``mfu`` (where the peak is known)."""
+        computed = self.throughput.compute()
+        metrics = {"tokens": float(step * self.batch.tokens_per_step)}
+        if "device/items_per_sec" in computed:
+            metrics["tokens_per_s"] = computed["device/items_per_sec"] * self.batch.world_size
+        if "device/mfu" in computed:
+            metrics["mfu"] = computed["device/mfu"]
+        return metrics

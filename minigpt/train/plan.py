@@ -1,0 +1,141 @@
+"""The run's plan, resolved once: device, precision, compile, CPU speedups, processes and the
+global batch. The memory preflight, the CPU speedups, the loop and the run's description all read
+this one object, so no two of them can derive a setting differently.
+
+``data.tokens_per_step`` is the recipe's batch in tokens (nanoGPT's ~0.5M for GPT-2 small). The
+gradient accumulation that reaches it is derived here from the micro-batch, the context and the
+number of processes, so one command line trains the same recipe on 1, 8 or 64 GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from omegaconf import DictConfig
+
+from minigpt.errors import ConfigError
+from minigpt.train.device import compile_enabled, default_precision, resolve_accelerator
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """``batch_size`` x ``context_length`` tokens per micro-batch, ``accumulate`` micro-batches per
+    process and step, ``world_size`` processes."""
+
+    batch_size: int
+    context_length: int
+    accumulate: int
+    world_size: int
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.batch_size * self.context_length
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.tokens_per_micro_batch * self.accumulate * self.world_size
+
+    def describe(self) -> str:
+        return (f"{self.batch_size} x {self.context_length} tokens x {self.accumulate} "
+                f"micro-batch(es) x {self.world_size} process(es) = {self.tokens_per_step:,} "
+                f"tokens per step")
+
+
+def micro_batches_per_step(tokens_per_step: int, batch_size: int, context_length: int,
+                           world_size: int) -> int:
+    """Micro-batches each process accumulates so that all processes together see exactly
+    ``tokens_per_step`` tokens per optimizer step; a ``ConfigError`` when that is not whole."""
+    per_round = batch_size * context_length * world_size
+    if tokens_per_step % per_round:
+        near = max(1, round(tokens_per_step / per_round)) * per_round
+        raise ConfigError(
+            f"data.tokens_per_step={tokens_per_step} is not a multiple of data.batch_size x "
+            f"context_length x processes = {batch_size} x {context_length} x {world_size} = "
+            f"{per_round}; fix: data.tokens_per_step={near} or another data.batch_size")
+    return tokens_per_step // per_round
+
+
+def batch_plan(tokens_per_step: int | None, accumulate: int, batch_size: int,
+               context_length: int, world_size: int) -> BatchPlan:
+    """The plan for ``data.tokens_per_step`` (derived accumulation) or, when it is null, for
+    ``trainer.accumulate_grad_batches`` as given. Both set and disagreeing is an error."""
+    if tokens_per_step is None:
+        return BatchPlan(batch_size, context_length, accumulate, world_size)
+    derived = micro_batches_per_step(tokens_per_step, batch_size, context_length, world_size)
+    if accumulate not in (1, derived):
+        raise ConfigError(
+            f"trainer.accumulate_grad_batches={accumulate} disagrees with data.tokens_per_step="
+            f"{tokens_per_step} (which needs {derived} on {world_size} process(es)); fix: drop "
+            "trainer.accumulate_grad_batches, it is derived from data.tokens_per_step")
+    return BatchPlan(batch_size, context_length, derived, world_size)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything about how a run trains that is derived from the config and the machine."""
+
+    accelerator: str  # "cpu", "gpu", or another Lightning accelerator name
+    precision: str  # Lightning's name: "bf16-mixed", "16-mixed", "32-true", ...
+    compile: bool  # the loss (forward + LM head + cross-entropy) compiled as one graph
+    cpu_speedups: bool  # minigpt.cpu's modules swapped in (CPU runs only)
+    strategy: str  # "auto", "ddp", "fsdp", ...
+    num_nodes: int
+    batch: BatchPlan
+    max_steps: int
+    val_every: int  # optimizer steps between validations (and checkpoints)
+    log_every: int  # optimizer steps between metric read-backs
+    limit_val_batches: int | float | None  # per process: a count, a fraction, or all
+    sharded_checkpoints: bool  # FSDP writing one shard per process
+    activation_checkpointing: bool  # FSDP recomputing each block in backward
+    configured_tokens_per_step: int | None = None  # data.tokens_per_step, as given
+    configured_accumulate: int = 1  # trainer.accumulate_grad_batches, as given
+
+    @property
+    def world_size(self) -> int:
+        return self.batch.world_size
+
+    def for_world(self, world_size: int, context_length: int | None = None) -> RunPlan:
+        """The same plan on ``world_size`` processes (and the model's ``context_length``): the
+        batch plan derived again, a ``ConfigError`` when the tokens per step do not divide."""
+        b = self.batch
+        batch = batch_plan(self.configured_tokens_per_step, self.configured_accumulate,
+                           b.batch_size, context_length or b.context_length, world_size)
+        return replace(self, batch=batch)
+
+    @property
+    def fsdp(self) -> bool:
+        return self.strategy == "fsdp"
+
+    @property
+    def chunked_loss(self) -> bool:
+        """minigpt.cpu's LM-head loss that never holds the full logits (eager, not under fp16)."""
+        return self.cpu_speedups and not self.compile and not self.precision.startswith("16")
+
+
+def resolve_plan(cfg: DictConfig, world_size: int, context_length: int | None = None) -> RunPlan:
+    """The plan for a composed train config on ``world_size`` processes. ``context_length``: the
+    model's, when it differs from ``cfg.model`` (weights from a checkpoint fix it)."""
+    t = cfg.trainer
+    accelerator = resolve_accelerator(t.get("accelerator", "auto"))
+    precision = str(t.get("precision") or default_precision(accelerator))
+    batch = batch_plan(cfg.data.get("tokens_per_step"), t.get("accumulate_grad_batches", 1),
+                       cfg.data.batch_size, context_length or cfg.model.context_length, world_size)
+    strategy = str(t.get("strategy", "auto"))
+    fsdp = t.get("fsdp") or {}
+    return RunPlan(
+        accelerator=accelerator,
+        precision=precision,
+        compile=compile_enabled(cfg.get("compile", "auto"), accelerator),
+        cpu_speedups=accelerator == "cpu" and cfg.get("cpu_speedups", "auto") is not False,
+        strategy=strategy,
+        num_nodes=int(t.get("num_nodes", 1)),
+        batch=batch,
+        max_steps=int(t.max_steps),
+        val_every=int(t.get("val_check_interval") or t.max_steps),
+        log_every=max(1, int(t.get("log_every_n_steps") or 1)),
+        limit_val_batches=t.get("limit_val_batches"),
+        sharded_checkpoints=strategy == "fsdp" and fsdp.get("state_dict_type", "sharded") == "sharded",
+        activation_checkpointing=bool(fsdp.get("activation_checkpointing")),
+        configured_tokens_per_step=cfg.data.get("tokens_per_step"),
+        configured_accumulate=t.get("accumulate_grad_batches", 1),
+    )
