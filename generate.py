@@ -13,6 +13,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from minigpt.config_schema import GenerateSchema, check_keys, config_errors, register_schemas
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DECODERS = ("auto", "eager", "compiled")
 SEPARATOR = "\n---------------\n"
@@ -29,8 +31,7 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
     validate_sampling(cfg.temperature, cfg.top_k, cfg.top_p)  # fail before loading anything
     _check_options(cfg)
     prompt = _read_prompt(cfg)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" \
-        else cfg.device
+    device = pick_device(cfg.device)
     dtype = decoding_dtype(cfg.dtype, device)
     model, tokenizer, source = load_model(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root)
     ctx, num_params = model.config.context_length, model.num_params()
@@ -117,6 +118,34 @@ def place_model(model, device: str, dtype, cpu_speedups) -> list[str]:
     return applied
 
 
+def pick_device(name: str) -> str:
+    """``device=auto``: cuda if this machine has a GPU, else cpu; any other name as given, once
+    checked to exist here (else one line naming the setting and what this machine offers)."""
+    import torch
+
+    from minigpt.errors import UserError
+
+    gpus = torch.cuda.device_count()
+    if name == "auto":
+        return "cuda" if gpus else "cpu"
+    mps = torch.backends.mps.is_available()
+    offers = "device=cpu" + (f", device=cuda (or cuda:0 .. cuda:{gpus - 1})" if gpus else "") \
+        + (", device=mps" if mps else "") + " or device=auto"
+    try:
+        kind = torch.device(str(name))
+    except (RuntimeError, TypeError, ValueError):
+        raise UserError(f"device={name!r} is not a device name; this machine offers "
+                        f"{offers}") from None
+    if kind.type == "cpu" or (kind.type == "mps" and mps) or \
+            (kind.type == "cuda" and (kind.index or 0) < gpus):
+        return str(name)
+    has = f"{gpus} CUDA GPU(s)" if gpus else "no CUDA GPU" + (
+        f" (this torch {torch.__version__} is built without CUDA)" if torch.version.cuda is None
+        else "")
+    raise UserError(f"device={name!r} is not on this machine, which has {has}; it offers "
+                    f"{offers}")
+
+
 def _decode_rows(tokenizer, tokens, eos_id: int | None) -> list[str]:
     """Each row's text, up to (not including) its first ``eos_id``."""
     texts = []
@@ -194,6 +223,9 @@ def _info(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+register_schemas()  # configs/generate.yaml names its schema (minigpt/config_schema.py)
+
+
 @hydra.main(config_path="configs", config_name="generate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from minigpt.errors import one_line_errors
@@ -202,10 +234,12 @@ def main(cfg: DictConfig) -> None:
         # Bad input: one line and exit status 2. Sampling options and hub downloads report as
         # ValueError / OSError; other exceptions are bugs and keep their traceback.
         with one_line_errors(ValueError, OSError):
+            check_keys(cfg, GenerateSchema)  # keys added with + that the schema lacks
             run(cfg)
     except KeyboardInterrupt:
         sys.exit(130)
 
 
 if __name__ == "__main__":
-    main()
+    with config_errors(GenerateSchema):  # a bad key or value while composing: one line, status 2
+        main()

@@ -5,10 +5,12 @@ A thin Hydra entry point; the work is ``minigpt.train.run.run``."""
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from minigpt.config_schema import TrainSchema, config_errors, register_schemas
 from minigpt.train.run_dir import claim_run_dir
 
 # ${run_dir:outputs/<date>}: a directory of its own for each run, shared by all ranks of a launch
 OmegaConf.register_new_resolver("run_dir", claim_run_dir, use_cache=True)
+register_schemas()  # configs/**/*.yaml name their schemas (minigpt/config_schema.py)
 
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
@@ -21,4 +23,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with config_errors(TrainSchema):  # a bad key or value while composing: one line, status 2
+        main()

@@ -55,10 +55,7 @@ def read_checkpoint(path, map_location="cpu", *, sharded: bool = False) -> dict:
     resume and ``generate.py`` both read through here. ``sharded=True`` (resuming) also takes a
     sharded FSDP checkpoint directory and returns its non-tensor part (no ``state_dict``).
     """
-    import pickle
     import zipfile
-
-    import torch
 
     path = Path(path)
     shards = is_sharded_checkpoint(path)
@@ -71,21 +68,8 @@ def read_checkpoint(path, map_location="cpu", *, sharded: bool = False) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}" + (" (a directory; name the .ckpt file)"
                                                               if path.is_dir() else ""))
-    try:
-        # Memory-mapped where the format allows (torch.save's zip files): checking costs little.
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True,
-                                mmap=zipfile.is_zipfile(path))
-    except pickle.UnpicklingError as e:
-        # torch's message suggests weights_only=False: unsafe advice for a file from elsewhere.
-        if "Unsupported global" not in str(e):
-            raise CheckpointError(f"{path} is not a readable checkpoint (not a file torch.save "
-                                  "wrote); a damaged or foreign file reads like this") from None
-        raise CheckpointError(f"{path} holds Python objects besides tensors and plain values, so "
-                              "it was not written by minigpt's train.py; minigpt refuses to load "
-                              "it, since unpickling them could run code from the file") from None
-    except Exception as e:  # zip and I/O errors of a truncated or foreign file come in many types
-        raise CheckpointError(f"{path} is not a readable checkpoint ({first_line(e)}); a "
-                              "truncated or half-copied file reads like this") from None
+    # Memory-mapped where the format allows (torch.save's zip files): checking costs little.
+    checkpoint = load_tensors(path, map_location=map_location, mmap=zipfile.is_zipfile(path))
     meta = checkpoint.get(METADATA_KEY) if isinstance(checkpoint, dict) else None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path} is not a minigpt checkpoint (no {METADATA_KEY!r} metadata; "
@@ -114,20 +98,26 @@ def model_weights(checkpoint: dict) -> dict | None:
     return next((checkpoint[k] for k in WEIGHTS_KEYS if isinstance(checkpoint.get(k), dict)), None)
 
 
-def load_checkpoint(path, map_location="cpu"):
+def load_checkpoint(path, map_location="cpu", **config_overrides):
     """Rebuild ``(GPT, Tokenizer, metadata)`` from a training checkpoint (``read_checkpoint``),
-    in eval mode."""
+    in eval mode. ``config_overrides`` may set ``dropout`` and ``context_length``: shorter than
+    the checkpoint's (a learned position table is cropped) or, for a model without a position
+    table (rope), any; a longer context than a learned table holds is one ``CheckpointError``
+    line naming both values."""
     from minigpt.model import GPT, GPTConfig
     from minigpt.tokenizer import tokenizer_from_dict
 
     checkpoint = read_checkpoint(path, map_location)
     meta, state = checkpoint[METADATA_KEY], model_weights(checkpoint)
     weights = {k[len(MODEL_PREFIX):]: v for k, v in state.items() if k.startswith(MODEL_PREFIX)}
+    fields = _with_overrides(path, meta["model_config"], config_overrides)
     try:
-        config = GPTConfig.from_dict(meta["model_config"])
+        config = GPTConfig.from_dict(fields)
     except ValueError as e:
         raise CheckpointError(f"{path} records a model config this minigpt cannot build: "
                               f"{e}") from None
+    if "pos_emb.weight" in weights:  # maybe cropped to a shorter context
+        weights["pos_emb.weight"] = weights["pos_emb.weight"][:config.context_length]
     model = GPT(config)
     try:
         model.load_state_dict(weights)
@@ -138,10 +128,52 @@ def load_checkpoint(path, map_location="cpu"):
     return model.eval(), tokenizer, meta
 
 
+def _with_overrides(path, recorded: dict, overrides: dict) -> dict:
+    """The recorded model config with ``dropout`` / ``context_length`` overridden, checked."""
+    unknown = sorted(set(overrides) - {"dropout", "context_length"})
+    if unknown:
+        raise ValueError(f"load_checkpoint: only dropout and context_length can be changed, "
+                         f"not {unknown}")
+    context = overrides.get("context_length")
+    saved = recorded.get("context_length")
+    if context is not None and recorded.get("position", "learned") == "learned" \
+            and isinstance(saved, int) and context > saved:
+        raise CheckpointError(f"context_length={context} exceeds the checkpoint's context_length="
+                              f"{saved} ({path}): its position table stops there; ask for "
+                              f"context_length <= {saved}")
+    return {**recorded, **{k: v for k, v in overrides.items() if v is not None}}
+
+
+def load_tensors(path, map_location="cpu", *, mmap: bool = False):
+    """``torch.load(path, weights_only=True)``: tensors and plain values, never code. A file that
+    torch cannot read this way is one ``CheckpointError`` line naming it: one holding Python
+    objects (which unpickling could turn into running code) is named as such and refused, a
+    damaged, truncated or foreign one as unreadable."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        # torch's message suggests weights_only=False: unsafe advice for a file from elsewhere.
+        # Its wording for a refused global changed case across versions ("unsupported GLOBAL").
+        if "unsupported global" in str(e).lower():
+            raise CheckpointError(
+                f"{path} holds Python objects besides tensors and plain values (pickled code "
+                "could run when loading it); minigpt refused to load it: use a file written by "
+                "minigpt (train.py, save_pretrained) or a model.safetensors") from None
+        raise CheckpointError(f"{path} is not a readable checkpoint (not a file torch.save "
+                              "wrote); a damaged or foreign file reads like this") from None
+    except Exception as e:  # zip and I/O errors of a truncated or foreign file come in many types
+        raise CheckpointError(f"{path} is not a readable checkpoint ({first_line(e)}); a "
+                              "truncated or half-copied file reads like this: copy it again") \
+            from None
+
+
 def is_sharded_checkpoint(path) -> bool:
     path = Path(path)
     return path.is_dir() and (path / METADATA_FILE).is_file()
-
 
 
 def model_file_for(path) -> Path:
@@ -166,7 +198,7 @@ def read_sharded_model(path) -> dict:
     from minigpt.model import GPT, GPTConfig
 
     path = Path(path)
-    meta = torch.load(path / METADATA_FILE, map_location="cpu", weights_only=True)
+    meta = load_tensors(path / METADATA_FILE)
     config = GPTConfig.from_dict(meta[METADATA_KEY]["model_config"])
     stored = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     with torch.device("meta"):

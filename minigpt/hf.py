@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from minigpt.errors import first_line
+from minigpt.errors import UserError, first_line
 from minigpt.files import atomic_write
 
 HUB_GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
@@ -64,6 +64,16 @@ _TOP_KEYS = {
 }
 
 
+
+class PretrainedError(UserError, ValueError):
+    """A Hugging Face directory minigpt cannot load: the message is one line naming the file, what
+    is wrong with it and the fix."""
+
+
+class HubError(UserError, OSError):
+    """A hub name that could not be downloaded (offline, unknown, no network)."""
+
+
 # --------------------------------------------------------------------------------------- loading
 
 
@@ -77,11 +87,11 @@ def read_gpt2(name_or_path: str | os.PathLike,
     cropped) and ``init_std``; other fields must match the checkpoint.
     """
     directory = _resolve(name_or_path)
-    hf_config = json.loads((directory / "config.json").read_text())
+    hf_config = _read_json(directory / "config.json")
     config = _config_from_hf(hf_config, config_overrides, where=directory / "config.json")
-    state = _hf_to_ours(_read_weights(directory), config["n_layer"], config["context_length"],
-                        directory)
-    return config, state
+    files = _weight_files(directory)
+    where = files[0] if len(files) == 1 else directory
+    return config, _hf_to_ours(_read_weights(directory), config, where)
 
 
 def _resolve(name_or_path: str | os.PathLike) -> Path:
@@ -93,8 +103,8 @@ def _resolve(name_or_path: str | os.PathLike) -> Path:
                                     "directory (config.json + model.safetensors)")
         return path
     if path.exists():
-        raise NotADirectoryError(f"{path} is a file; pass the checkpoint directory holding "
-                                 "config.json and model.safetensors")
+        raise PretrainedError(f"{path} is a file; pass the checkpoint directory holding "
+                              "config.json and model.safetensors")
     name = str(name_or_path)
     if name not in HUB_GPT2_NAMES and not _HUB_REPO_ID.match(name):
         raise FileNotFoundError(
@@ -119,11 +129,24 @@ def _download(repo_id: str) -> Path:
     except Exception as error:  # any hub, HTTP or disk failure: one actionable line, no trace
         reason = "offline: HF_HUB_OFFLINE is set and it is not in the local cache" if offline \
             else first_line(error)
-        raise OSError(
+        raise HubError(
             f"could not download {repo_id!r} from the Hugging Face Hub ({reason}); it is not a "
             "local directory either: pass a directory with config.json and model.safetensors"
         ) from None
     raise FileNotFoundError(f"hub repo {repo_id!r} has no model.safetensors or pytorch_model.bin")
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object from ``path``, or one line naming the file and what is wrong."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or bytes that are not UTF-8
+        raise PretrainedError(f"{path} is not readable JSON ({first_line(e)}); copy or download "
+                              "the checkpoint directory again") from None
+    if not isinstance(value, dict):
+        raise PretrainedError(f"{path} holds a JSON {type(value).__name__}, not an object; copy "
+                              "or download the checkpoint directory again")
+    return value
 
 
 def _config_from_hf(hf: dict, overrides: dict, where: Path) -> dict:
@@ -147,8 +170,14 @@ def _config_from_hf(hf: dict, overrides: dict, where: Path) -> dict:
                if k not in hf]
     if missing:
         problems.append(f"missing {missing}")
+    for key in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+        value = hf.get(key)
+        if key in hf and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            problems.append(f"{key}={value!r} (must be an integer >= 1)")
+    if not problems and hf["n_embd"] % hf["n_head"]:
+        problems.append(f"n_embd={hf['n_embd']} (must be a multiple of n_head={hf['n_head']})")
     if problems:
-        raise ValueError(f"{where}: unsupported GPT-2 config: " + "; ".join(problems))
+        raise PretrainedError(f"{where}: unsupported GPT-2 config: " + "; ".join(problems))
 
     values = dict(vocab_size=hf["vocab_size"], context_length=hf["n_positions"],
                   n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=0.0,
@@ -157,13 +186,15 @@ def _config_from_hf(hf: dict, overrides: dict, where: Path) -> dict:
                   **{name: gpt2 for name, (gpt2, _) in _GPT2_BLOCK.items()})
     for key, value in overrides.items():
         if key not in values:  # values holds every GPTConfig field
-            raise ValueError(f"GPTConfig: unknown field(s) [{key!r}]; valid fields are "
+            raise PretrainedError(f"GPTConfig: unknown field(s) [{key!r}]; valid fields are "
                              f"{sorted(values)}")
         if key == "context_length" and isinstance(value, int) and value > values[key]:
-            raise ValueError(f"context_length={value} exceeds the checkpoint's n_positions="
-                             f"{values[key]}; the position embeddings stop there")
+            raise PretrainedError(
+                f"context_length={value} exceeds the checkpoint's n_positions={values[key]} "
+                f"({where}): its position embeddings stop there; ask for context_length <= "
+                f"{values[key]}")
         elif key not in _FREE_OVERRIDES and value != values[key]:
-            raise ValueError(f"{key}={value!r} contradicts the checkpoint ({key}={values[key]!r} "
+            raise PretrainedError(f"{key}={value!r} contradicts the checkpoint ({key}={values[key]!r} "
                              f"in {where}); only {', '.join(_FREE_OVERRIDES)} can be changed")
         values[key] = value
     return values
@@ -176,8 +207,12 @@ def _weight_files(directory: Path) -> list[Path]:
         if (directory / single).is_file():
             return [directory / single]
         if (directory / index).is_file():
-            shards = json.loads((directory / index).read_text())["weight_map"].values()
-            return [directory / name for name in sorted(set(shards))]
+            weight_map = _read_json(directory / index).get("weight_map")
+            if not isinstance(weight_map, dict) or not all(
+                    isinstance(name, str) and "/" not in name for name in weight_map.values()):
+                raise PretrainedError(f"{directory / index} has no weight_map of file names in "
+                                      "this directory; copy or download it again")
+            return [directory / name for name in sorted(set(weight_map.values()))]
     return []
 
 
@@ -188,18 +223,38 @@ def _read_weights(directory: Path) -> dict[str, Tensor]:
                                 "pytorch_model.bin")
     state: dict[str, Tensor] = {}
     for file in files:
+        if not file.is_file():
+            raise FileNotFoundError(f"{file} is missing (named by the index in {directory}); "
+                                    "copy or download the checkpoint directory again")
         if file.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state.update(load_file(file))
+            state.update(_read_safetensors(file))
         else:  # weights_only: a pickle may hold tensors and plain containers, never code
-            state.update(torch.load(file, map_location="cpu", weights_only=True))
+            from minigpt.checkpoint import load_tensors
+
+            weights = load_tensors(file)
+            if not isinstance(weights, dict) or not all(
+                    isinstance(v, Tensor) for v in weights.values()):
+                raise PretrainedError(f"{file} is not a state dict (a dict of tensors); copy or "
+                                      "download the checkpoint directory again")
+            state.update(weights)
     return state
 
 
-def _hf_to_ours(hf_state: dict[str, Tensor], n_layer: int, context_length: int,
-                where: Path) -> dict[str, Tensor]:
-    """Rename and transpose a GPT-2 state dict into ``GPT``'s, checking nothing is left over."""
+def _read_safetensors(file: Path) -> dict[str, Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(file)
+    except Exception as e:  # SafetensorError, OSError: a cut-short, damaged or foreign file
+        raise PretrainedError(f"{file} is not a readable safetensors file ({first_line(e)}); a "
+                              "truncated or half-copied file reads like this: copy or download "
+                              "it again") from None
+
+
+def _hf_to_ours(hf_state: dict[str, Tensor], config: dict, where: Path) -> dict[str, Tensor]:
+    """Rename and transpose a GPT-2 state dict into ``GPT``'s, checking nothing is left over and
+    every shape is the one ``config`` (from config.json) implies."""
+    n_layer, context_length = config["n_layer"], config["context_length"]
     hf_state = {k.removeprefix("transformer."): v for k, v in hf_state.items()}
     lm_head = hf_state.pop("lm_head.weight", None)
     ours: dict[str, Tensor] = {}
@@ -219,16 +274,44 @@ def _hf_to_ours(hf_state: dict[str, Tensor], n_layer: int, context_length: int,
     missing = sorted(expected - set(ours))
     unexpected += sorted(set(ours) - expected)
     if missing or unexpected:
-        raise ValueError(f"{where}: weights do not match config.json "
-                         f"(n_layer={n_layer}): missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
-    if lm_head is not None and not torch.equal(lm_head, ours["tok_emb.weight"]):
-        raise ValueError(f"{where}: lm_head.weight differs from the token embedding; only tied "
-                         "GPT-2 checkpoints are supported")
+        raise PretrainedError(f"{where}: weights do not match config.json "
+                              f"(n_layer={n_layer}): missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}")
+    _check_shapes(ours, config, where)
+    if lm_head is not None and (lm_head.shape != ours["tok_emb.weight"].shape
+                                or not torch.equal(lm_head, ours["tok_emb.weight"])):
+        raise PretrainedError(f"{where}: lm_head.weight differs from the token embedding; only "
+                              "tied GPT-2 checkpoints are supported")
     ours["pos_emb.weight"] = ours["pos_emb.weight"][:context_length]  # maybe cropped
     ours = {k: v.to(torch.float32).contiguous() for k, v in ours.items()}
     ours["lm_head.weight"] = ours["tok_emb.weight"]
     return ours
+
+
+def _check_shapes(ours: dict[str, Tensor], config: dict, where: Path) -> None:
+    """One line naming the first weight whose shape config.json does not imply."""
+    C, V = config["n_embd"], config["vocab_size"]
+    shapes = {"tok_emb.weight": (V, C), "final_norm.weight": (C,), "final_norm.bias": (C,)}
+    per_block = {"norm1.weight": (C,), "norm1.bias": (C,), "norm2.weight": (C,),
+                 "norm2.bias": (C,), "attn.qkv.weight": (3 * C, C), "attn.qkv.bias": (3 * C,),
+                 "attn.out_proj.weight": (C, C), "attn.out_proj.bias": (C,),
+                 "mlp.fc.weight": (4 * C, C), "mlp.fc.bias": (4 * C,),
+                 "mlp.proj.weight": (C, 4 * C), "mlp.proj.bias": (C,)}
+    for i in range(config["n_layer"]):
+        shapes.update({f"blocks.{i}.{name}": shape for name, shape in per_block.items()})
+    for key, value in ours.items():
+        expected = shapes.get(key)
+        if key == "pos_emb.weight":  # at least the context asked for (cropped after this)
+            ok = value.dim() == 2 and value.shape[0] >= config["context_length"] \
+                and value.shape[1] == C
+            expected = ("n_positions", C)
+        else:
+            ok = tuple(value.shape) == expected
+        if not ok:
+            raise PretrainedError(
+                f"{where}: {key} has shape {tuple(value.shape)}, but config.json (n_embd={C}, "
+                f"vocab_size={V}) implies {expected}: the weights and config.json are from "
+                "different models; copy or download the checkpoint directory again")
 
 
 def _expected_keys(n_layer: int) -> set[str]:

@@ -7,6 +7,11 @@ import pytest
 import torch
 from checkpoint_text import from_text
 
+from minigpt.config_schema import register_schemas
+
+# configs/**/*.yaml name their schemas: tests that compose them (Hydra's compose API) need them.
+register_schemas()
+
 # Tests never need an account or a network: wandb writes local files, the hubs are not asked.
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

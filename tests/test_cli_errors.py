@@ -4,6 +4,7 @@ value, nothing written that looks complete, and no time lost on heavy work first
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The fixture's model, so a resume of it gets past the model check.
 FIXTURE_MODEL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=8", "model.context_length=16"]
 QUIET = ["logger=none", "trainer.enable_progress_bar=false"]
+PROGRESS = re.compile(r"\d+/\d+ \[")  # a tqdm bar: preparation's, not an error
 
 
 def cli(tmp: Path, program: str, *args: str) -> tuple[subprocess.CompletedProcess, float]:
@@ -28,9 +30,52 @@ def cli(tmp: Path, program: str, *args: str) -> tuple[subprocess.CompletedProces
     return result, time.perf_counter() - start
 
 
+def hf_dirs(tmp: Path) -> dict[str, Path]:
+    """Hugging Face directories a user might hand us, each broken in one way: a
+    pytorch_model.bin carrying code, a model.safetensors cut short, one with a misshapen weight, a
+    config.json that is not JSON."""
+    from payload import save_with_payload
+    from safetensors.torch import load_file, save_file
+
+    from minigpt.model import GPT, GPTConfig
+
+    dirs = {}
+    for name in ("good", "code", "cut", "shape", "json"):
+        dirs[name] = tmp / f"hf-{name}"
+        GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, context_length=16, vocab_size=100)) \
+            .save_pretrained(dirs[name])
+    (dirs["code"] / "model.safetensors").unlink()
+    save_with_payload(dirs["code"] / "pytorch_model.bin", tmp / "payload-ran")
+    weights = (dirs["cut"] / "model.safetensors").read_bytes()
+    (dirs["cut"] / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    tensors = load_file(dirs["shape"] / "model.safetensors")
+    tensors["transformer.wte.weight"] = tensors["transformer.wte.weight"][:50]
+    save_file(tensors, dirs["shape"] / "model.safetensors")
+    (dirs["json"] / "config.json").write_text('{"n_layer": 1,')
+    return dirs
+
+
+def read_only_dir(tmp: Path) -> Path | None:
+    """A directory this process cannot write (root ignores modes: /proc/sys then), or None."""
+    path = tmp / "read-only"
+    path.mkdir(mode=0o555)
+    for candidate in (path, Path("/proc/sys")):
+        if not os.access(candidate, os.W_OK):
+            return candidate
+    return None
+
+
 def cases(tmp: Path, checkpoint: Path) -> list[tuple[str, str, list[str], str]]:
     """(case, program, arguments, text the one line must contain); ``checkpoint`` is the
     fixture's 3-step run."""
+    from payload import save_with_payload
+
+    code_ckpt = save_with_payload(tmp / "code.ckpt", tmp / "payload-ran")
+    hf = hf_dirs(tmp)
+    (tmp / "a-file").write_text("not a directory")
+    (tmp / "latin1").mkdir()
+    (tmp / "latin1" / "a.txt").write_bytes("café, naïve façade. ".encode("latin-1") * 20)
+    read_only = read_only_dir(tmp)
     truncated = tmp / "truncated.ckpt"
     truncated.write_bytes(checkpoint.read_bytes()[:20_000])
     (tmp / "corpus").mkdir()
@@ -56,6 +101,43 @@ def cases(tmp: Path, checkpoint: Path) -> list[tuple[str, str, list[str], str]]:
         ("undecodable files", "prepare",
          ["data=local_files", f"data.paths=[{tmp / 'corpus'}/*.txt]", data],
          "2 of 3 files (" + f"{tmp / 'corpus' / 'bad1.txt'}, {tmp / 'corpus' / 'bad2.txt'}"),
+        # a typed config: misspelled keys, with and without +, and values of the wrong type
+        ("misspelled key added with +", "train.py", ["+optim.learning_rate=1e-3", data, *QUIET],
+         "unknown config key optim.learning_rate: did you mean optim.lr?"),
+        ("misspelled key", "train.py", ["trainer.max_step=5", data, *QUIET],
+         "unknown config key trainer.max_step: did you mean trainer.max_steps?"),
+        ("value of the wrong type", "train.py", ["trainer.max_steps=many", data, *QUIET],
+         "trainer.max_steps='many' does not fit its type"),
+        ("misspelled sampling key", "generate.py", ["+temprature=0.5"],
+         "unknown config key temprature: did you mean temperature?"),
+        ("misspelled data key", "prepare", ["+data.encodng=latin-1", data],
+         "unknown config key data.encodng: did you mean data.encoding?"),
+        # files a user hands us
+        ("checkpoint carrying code", "generate.py", [f"ckpt_path={code_ckpt}"],
+         f"{code_ckpt} holds Python objects"),
+        ("pytorch_model.bin carrying code", "generate.py", [f"pretrained={hf['code']}"],
+         f"{hf['code'] / 'pytorch_model.bin'} holds Python objects"),
+        ("cut-short model.safetensors", "generate.py", [f"pretrained={hf['cut']}"],
+         f"{hf['cut'] / 'model.safetensors'} is not a readable safetensors file"),
+        ("misshapen model.safetensors", "generate.py", [f"pretrained={hf['shape']}"],
+         "tok_emb.weight has shape (50, 8), but config.json (n_embd=8, vocab_size=100)"),
+        ("broken config.json", "generate.py", [f"pretrained={hf['json']}"],
+         f"{hf['json'] / 'config.json'} is not readable JSON"),
+        ("init_from with a longer context", "train.py",
+         [f"model.init_from={hf['good']}", "model.context_length=32", *FIXTURE_MODEL[:3], data,
+          *QUIET], "context_length=32 exceeds the checkpoint's n_positions=16"),
+        ("corpus in another encoding", "prepare",
+         ["data=local_files", f"data.paths=[{tmp / 'latin1'}/*.txt]", data],
+         "set data.encoding to theirs (perhaps latin-1 or cp1252)"),
+        ("data_root a file", "train.py", [f"data_root={tmp / 'a-file'}", *QUIET],
+         f"data_root={tmp / 'a-file'} is a file"),
+        *([("data_root read-only", "prepare", [f"data_root={read_only}"],
+            f"data_root={read_only} is read-only")] if read_only else []),
+        # settings this machine cannot run
+        ("device it lacks", "generate.py", ["device=cuda:99", f"pretrained={hf['good']}"],
+         "device='cuda:99' is not on this machine"),
+        ("device that does not exist", "generate.py", ["device=gpu", f"pretrained={hf['good']}"],
+         "device='gpu' is not a device name; this machine offers device=cpu"),
     ]
 
 
@@ -64,19 +146,23 @@ def test_bad_inputs_are_one_line_and_exit_2(tmp_path, checkpoint_v1):
     with ThreadPoolExecutor(max_workers=2) as pool:  # each is mostly interpreter start-up
         results = list(pool.map(lambda c: cli(tmp_path, c[1], *c[2]), table))
     for (case, _, _, expected), (result, seconds) in zip(table, results, strict=True):
-        # What preparation says it is reading is not part of the error.
+        # What preparation says it is reading, and its progress bars, are not part of the error.
         lines = [line for line in result.stderr.strip().splitlines()
-                 if not line.startswith("reading paths")]
+                 if line.strip() and not line.startswith("reading paths")
+                 and not PROGRESS.search(line)]
         assert result.returncode == 2, (case, result.stderr[-2000:])
         assert len(lines) == 1 and lines[0].startswith("error: "), (case, lines)
         assert expected in lines[0], (case, lines[0])
+        assert "Traceback" not in result.stderr and "weights_only=False" not in lines[0], case
         assert seconds < 60, (case, seconds)
+    assert not (tmp_path / "payload-ran").exists()  # no payload ever ran
     # Nothing that looks complete: no checkpoint, no summary, no prepared local_files data.
     for pattern in ("*.ckpt", "summary.json"):
         written = [p for p in (tmp_path / "outputs").rglob(pattern)] \
             if (tmp_path / "outputs").exists() else []
         assert written == [], written
     assert not (tmp_path / "data" / "local_files" / "meta.json").exists()
+    assert not list((tmp_path / "read-only").iterdir())
 
 
 @pytest.mark.parametrize("edit, message", [

@@ -331,6 +331,75 @@ def test_truncated_bin_is_detected_and_prepare_repairs_it(tmp_path):
     assert load_meta(directory)["train_tokens"] == meta["train_tokens"]
 
 
+def test_a_damaged_middle_of_a_bin_is_found_with_its_offset(tmp_path):
+    from minigpt.data.tokens import find_bad_token
+
+    (tmp_path / "a.txt").write_text("some text to prepare " * 10)
+    meta = prepare_dataset(files_cfg(tmp_path, [tmp_path / "a.txt"]), tmp_path / "data",
+                           progress=False)
+    directory = tmp_path / "data" / "tiny"
+    tokens = np.fromfile(directory / "train.bin", dtype=meta["dtype"])
+    tokens[100] = meta["vocab_size"] + 7  # far from both ends of a short file too
+    tokens.tofile(directory / "train.bin")
+    with pytest.raises(DataError, match=f"train.bin holds token id {meta['vocab_size'] + 7} at "
+                                        "token offset 100 .* damaged") as e:
+        load_meta(directory)
+    one_line(e)
+    # In small chunks, and a file longer than the limit: only its ends, saying what it skipped.
+    assert find_bad_token(tokens, meta["vocab_size"], chunk=16) == ((100, meta["vocab_size"] + 7), 0)
+    assert find_bad_token(tokens, meta["vocab_size"], limit=64, chunk=16) == \
+        (None, len(tokens) - 64)
+    tokens[len(tokens) - 3] = 60000
+    assert find_bad_token(tokens, meta["vocab_size"], limit=64, chunk=16)[0] == \
+        (len(tokens) - 3, 60000)
+
+
+def test_check_token_ids_names_the_file_and_the_offset(tmp_path):
+    from minigpt.data import check_token_ids
+
+    batch = np.arange(12, dtype=np.uint16).reshape(3, 4)
+    check_token_ids(batch, 12, tmp_path / "d" / "train.bin", [0, 500, 9000])
+    batch[1, 2] = 40
+    with pytest.raises(DataError, match=r"d/train.bin holds token id 40 at token offset 502, "
+                                        r"outside the model's 12 ids.*delete .*/d and prepare") as e:
+        check_token_ids(batch, 12, tmp_path / "d" / "train.bin", [0, 500, 9000])
+    one_line(e)
+    with pytest.raises(DataError, match="token id -1 at token offset 9003"):
+        check_token_ids(np.array([[1, 2, 3, -1]]), 12, "train.bin", [9000])
+
+
+def test_data_root_that_is_a_file_or_read_only_is_one_line(tmp_path):
+    (tmp_path / "a.txt").write_text("some text to prepare " * 10)
+    cfg = files_cfg(tmp_path, [tmp_path / "a.txt"])
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(DataError, match=f"data_root={tmp_path / 'afile'} is a file") as e:
+        prepare_dataset(cfg, tmp_path / "afile", progress=False)
+    one_line(e)
+    with pytest.raises(DataError, match="afile/sub cannot be created .*writable directory"):
+        prepare_dataset(cfg, tmp_path / "afile" / "sub", progress=False)
+    read_only = tmp_path / "ro"
+    read_only.mkdir(mode=0o555)
+    if os.access(read_only, os.W_OK):  # root ignores the mode; /proc/sys is read-only to all
+        read_only = Path("/proc/sys")
+        if os.access(read_only, os.W_OK):
+            pytest.skip("no read-only directory to try")
+    with pytest.raises(DataError, match=f"data_root={read_only} is read-only"):
+        prepare_dataset(cfg, read_only, progress=False)
+
+
+def test_text_in_another_encoding_names_the_option_and_the_conversion(tmp_path):
+    (tmp_path / "a.txt").write_bytes("café naïve façade. ".encode("latin-1") * 20)
+    cfg = files_cfg(tmp_path, [tmp_path / "a.txt"])
+    with pytest.raises(DataError, match=r"a.txt as text: UnicodeDecodeError.*set data.encoding "
+                                        r"to theirs \(perhaps latin-1 or cp1252\).*iconv") as e:
+        prepare_dataset(cfg, tmp_path / "data", progress=False)
+    one_line(e)
+    meta = prepare_dataset({**cfg, "encoding": "latin-1"}, tmp_path / "data", progress=False)
+    assert "ç" in meta["tokenizer"]["chars"]
+    with pytest.raises(DataError, match="encoding='nope' is not an encoding"):
+        prepare_dataset({**cfg, "encoding": "nope"}, tmp_path / "data", progress=False)
+
+
 def test_datamodule_refuses_data_prepared_with_other_settings(tmp_path):
     (tmp_path / "a.txt").write_text("some text to prepare " * 10)
     cfg = files_cfg(tmp_path, [tmp_path / "a.txt"])

@@ -39,10 +39,10 @@ def tiny_model(vocab_size=64, context_length=32, seed=0):
 
 
 def save_checkpoint(path, model, tokenizer, **meta_overrides):
-    """A checkpoint in the documented format, as minigpt.train.lit writes it (plus a Lightning key)."""
+    """A checkpoint in the documented format (2), as the training loop writes its model part."""
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {**checkpoint_metadata(model.config.to_dict(), tokenizer.to_dict()), **meta_overrides}
-    torch.save({"state_dict": {"model." + k: v for k, v in model.state_dict().items()},
+    torch.save({"model": {"model." + k: v for k, v in model.state_dict().items()},
                 "minigpt": meta, "global_step": 7}, path)
     return path
 
@@ -75,7 +75,7 @@ def test_load_checkpoint_round_trip(char_ckpt):
     idx = torch.randint(0, 64, (2, 10))
     torch.testing.assert_close(loaded(idx), model(idx), rtol=0, atol=0)
     assert loaded_tokenizer.to_dict() == tokenizer.to_dict()
-    assert meta["format_version"] == 1
+    assert meta["format_version"] == 2
 
 
 def test_missing_checkpoint_file(tmp_path):
@@ -107,7 +107,8 @@ def test_incompatible_format_version(tmp_path):
     model, tokenizer = tiny_model(), get_tokenizer("char", text=CORPUS)
     path = save_checkpoint(tmp_path / "old.ckpt", model, tokenizer, format_version=99)
     with pytest.raises(CheckpointError,
-                       match=r"format_version=99 .*this minigpt reads format_version=1"):
+                       match=r"format_version=99 .*this minigpt reads format_version 1 or 2: "
+                             r"upgrade minigpt"):
         load_checkpoint(path)
 
 
@@ -266,8 +267,8 @@ def test_attention_map_errors(char_ckpt, tmp_path, monkeypatch, overrides, match
 
 def test_incompatible_checkpoint_error(char_ckpt):
     path, model, tokenizer = char_ckpt
-    save_checkpoint(path, model, tokenizer, format_version=2)
-    with pytest.raises(CheckpointError, match="format_version=2"):
+    save_checkpoint(path, model, tokenizer, format_version=3)
+    with pytest.raises(CheckpointError, match="format_version=3"):
         run(f"ckpt_path={path}")
 
 
@@ -305,7 +306,7 @@ def test_command_line_writes_no_files_and_errors_in_one_line(char_ckpt, tmp_path
     bad = subprocess.run(cmd + ["top_p=2"], cwd=work, capture_output=True, text=True, env=env,
                          timeout=120)
     assert bad.returncode == 2
-    assert bad.stderr.splitlines() == ["error: top_p=2 must be in (0, 1] (or None for no limit)"]
+    assert bad.stderr.splitlines() == ["error: top_p=2.0 must be in (0, 1] (or None for no limit)"]
 
 
 def test_train_then_generate(tmp_path, monkeypatch):

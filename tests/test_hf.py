@@ -190,3 +190,60 @@ def test_missing_path_fails_with_one_clear_line(tmp_path):
     hf_model().config.save_pretrained(tmp_path / "no-weights")
     with pytest.raises(FileNotFoundError, match="no model.safetensors or pytorch_model.bin"):
         GPT.from_pretrained(tmp_path / "no-weights")
+
+
+def tiny_dir(tmp_path):
+    """A Hugging Face GPT-2 directory written by us (no transformers needed)."""
+    torch.manual_seed(0)
+    GPT(GPTConfig(**OURS_TINY)).save_pretrained(tmp_path / "hf")
+    return tmp_path / "hf"
+
+
+def test_a_pytorch_model_bin_carrying_code_is_refused_and_never_runs(tmp_path):
+    from payload import save_with_payload
+
+    directory = tiny_dir(tmp_path)
+    (directory / "model.safetensors").unlink()
+    marker = tmp_path / "payload-ran"
+    save_with_payload(directory / "pytorch_model.bin", marker)
+    with pytest.raises(ValueError) as error:
+        GPT.from_pretrained(directory)
+    message = str(error.value)
+    assert f"{directory / 'pytorch_model.bin'} holds Python objects" in message
+    assert "code" in message and "weights_only=False" not in message and "\n" not in message
+    assert not marker.exists()
+
+
+def test_a_cut_short_or_misshapen_safetensors_is_one_line(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    directory = tiny_dir(tmp_path)
+    weights = directory / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match=f"{weights} is not a readable safetensors file .*"
+                                         "truncated") as error:
+        GPT.from_pretrained(directory)
+    assert "\n" not in str(error.value)
+    weights.write_bytes(whole)
+    tensors = load_file(weights)
+    tensors["transformer.h.1.mlp.c_fc.weight"] = torch.zeros(32, 100)  # GPT-2's is (32, 128)
+    save_file(tensors, weights)
+    with pytest.raises(ValueError, match=r"blocks\.1\.mlp\.fc\.weight has shape \(100, 32\), but "
+                                         r"config.json .* implies \(128, 32\)"):
+        GPT.from_pretrained(directory)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"n_layer": 2,', "is not readable JSON"),
+    ("[1, 2]", "holds a JSON list, not an object"),
+    (json.dumps({**TINY, "n_head": "two"}), "n_head='two' (must be an integer >= 1)"),
+    (json.dumps({**TINY, "n_head": 3}), "n_embd=32 (must be a multiple of n_head=3)"),
+])
+def test_a_broken_config_json_is_one_line(tmp_path, text, message):
+    directory = tiny_dir(tmp_path)
+    (directory / "config.json").write_text(text)
+    with pytest.raises(ValueError) as error:
+        GPT.from_pretrained(directory)
+    assert str(directory / "config.json") in str(error.value) and message in str(error.value)
+    assert "\n" not in str(error.value)

@@ -7,6 +7,7 @@ Importing this package does no work; ``TokenDataModule`` (and with it torch) loa
 from minigpt.data.config import DataConfig, DataError
 from minigpt.data.prepare import prepare_dataset
 from minigpt.data.tokens import (
+    check_token_ids,
     check_vocab_fits,
     dataset_dir,
     dtype_for,
@@ -14,7 +15,7 @@ from minigpt.data.tokens import (
     open_tokens,
 )
 
-__all__ = ["DataConfig", "DataError", "TokenDataModule", "check_vocab_fits", "dataset_dir",
+__all__ = ["DataConfig", "DataError", "TokenDataModule", "check_token_ids", "check_vocab_fits", "dataset_dir",
            "dtype_for", "load_meta", "open_tokens", "prepare_dataset"]
 
 

@@ -6,13 +6,17 @@ A utility, not a run: Hydra neither changes directory nor writes outputs/ or log
 import hydra
 from omegaconf import DictConfig
 
+from minigpt.config_schema import PrepareSchema, check_keys, config_errors, register_schemas
 from minigpt.data.prepare import prepare_dataset
 from minigpt.errors import one_line_errors
+
+register_schemas()  # configs/prepare.yaml and data/*.yaml name their schemas
 
 
 @hydra.main(config_path="../../configs", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with one_line_errors():  # bad input: one line and exit status 2
+        check_keys(cfg, PrepareSchema)  # keys added with + that the schema lacks
         meta = prepare_dataset(cfg.data, cfg.data_root)
     directory = f"{cfg.data_root}/{meta['name']}"
     print(f"{directory}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens "
@@ -21,4 +25,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with config_errors(PrepareSchema):  # a bad key or value while composing: one line, status 2
+        main()

@@ -35,6 +35,7 @@ class DataConfig:
     format: str = "auto"  # [prepare] auto (by extension) | text | json | parquet | csv
     sample_by: str = "document"  # [prepare] .txt: a document per file, line or paragraph
     text_field: str = "text"  # [prepare] column holding the text (json/parquet/csv/hub)
+    encoding: str = "utf-8"  # [prepare] text/json/csv files: their encoding (e.g. latin-1, utf-16)
     # hub: datasets.load_dataset(hub_name, hub_config, data_files=..., split=..., streaming=...)
     hub_name: str | None = None  # [prepare]
     hub_config: str | None = None  # [prepare]
@@ -71,6 +72,9 @@ class DataConfig:
             f"tokenizer={self.tokenizer!r} must be 'char' or one of {TIKTOKEN_ENCODINGS}")
         bad(self.format not in FORMATS, f"format={self.format!r} must be one of {FORMATS}")
         bad(self.sample_by not in SAMPLE_BY, f"sample_by={self.sample_by!r} must be one of {SAMPLE_BY}")
+        bad(not _known_encoding(self.encoding),
+            f"encoding={self.encoding!r} is not an encoding Python knows (e.g. utf-8, latin-1, "
+            "cp1252, utf-16)")
         bad(self.val_split not in VAL_SPLITS, f"val_split={self.val_split!r} must be one of {VAL_SPLITS}")
         bad(self.source == "files" and not self.paths, "source=files needs paths (files or globs)")
         bad(self.source == "hub" and not self.hub_name, "source=hub needs hub_name")
@@ -107,7 +111,16 @@ class DataConfig:
         keys = ("source", "tokenizer", "val_fraction", "val_split", "max_documents", "max_tokens")
         per_source = {
             "shakespeare": (),
-            "files": ("format", "sample_by", "text_field"),
+            "files": ("format", "sample_by", "text_field")
+            + (("encoding",) if self.encoding != "utf-8" else ()),  # utf-8 keeps old fingerprints
             "hub": ("hub_name", "hub_config", "data_files", "split", "revision", "text_field"),
         }[self.source]
         return {k: getattr(self, k) for k in keys + per_source}
+
+
+def _known_encoding(name) -> bool:
+    """Whether Python's own codecs read ``name`` (codecs.lookup is not used: a codec search
+    function that a package registers may accept any name)."""
+    import encodings
+
+    return isinstance(name, str) and encodings.search_function(name.lower()) is not None

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from minigpt.data.config import DataConfig, DataError
 from minigpt.data.prepare import fingerprint, fingerprint_inputs, prepare_dataset
-from minigpt.data.tokens import load_meta
+from minigpt.data.tokens import check_token_ids, load_meta
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
 
 
@@ -49,12 +49,17 @@ def val_window_starts(n_tokens: int, context_length: int, token_budget: int) -> 
 class _Windows(IterableDataset):
     """Base: the memory map is opened lazily in each worker (a pickled memmap would be a copy)."""
 
+    vocab_size: int | None = None  # ids at or above it stop the run, naming file and offset
+
     def __init__(self, path: Path, dtype: str, n_tokens: int, context_length: int):
         self.path, self.dtype, self.n_tokens, self.T = path, dtype, n_tokens, context_length
 
     def _batch(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         idx = starts[:, None] + np.arange(self.T + 1)  # (B, T+1)
-        chunk = tokens[idx].astype(np.int64)  # (B, T+1)
+        chunk = tokens[idx]  # (B, T+1)
+        if self.vocab_size is not None:  # on the host, before the model sees it: no device sync
+            check_token_ids(chunk, self.vocab_size, self.path, starts)
+        chunk = chunk.astype(np.int64)
         # Two contiguous tensors, not two views of one: the DataLoader pins each as it is, and
         # only a contiguous pinned tensor copies to the GPU asynchronously (non_blocking).
         x = torch.from_numpy(np.ascontiguousarray(chunk[:, :-1]))  # (B, T)
@@ -185,6 +190,7 @@ class TokenDataModule:
         dataset = RandomWindows(self.directory / "train.bin", self.meta["dtype"],
                                 self.meta["train_tokens"], self.context_length, self.batch_size,
                                 self.seed, self.rank, start_batch=self.start_batch)
+        dataset.vocab_size = self.meta["vocab_size"]
         return self._loader(dataset, persistent=False)
 
     def train_batches(self) -> CountedBatches:
@@ -207,6 +213,7 @@ class TokenDataModule:
         dataset = FixedWindows(self.directory / "val.bin", self.meta["dtype"], self.meta["val_tokens"],
                                self.context_length, starts,
                                self.config.val_batch_size or self.batch_size)
+        dataset.vocab_size = self.meta["vocab_size"]
         return self._loader(dataset, persistent=True)
 
     # ---- resumable state (stored in checkpoints) -------------------------------------------

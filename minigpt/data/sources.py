@@ -16,6 +16,7 @@ from pathlib import Path
 from minigpt.data.config import DataConfig, DataError
 from minigpt.errors import first_line
 
+ENCODED_BUILDERS = ("text", "json", "csv")  # datasets builders that take encoding=
 # file extension -> datasets builder name
 _BUILDERS = {".txt": "text", ".md": "text", ".text": "text", ".json": "json", ".jsonl": "json",
              ".parquet": "parquet", ".csv": "csv"}
@@ -95,12 +96,15 @@ def load_source(cfg: DataConfig):
         files = expand_paths(cfg.paths)
         builder = _builder(cfg, files)
         kwargs = {"sample_by": cfg.sample_by} if builder == "text" else {}
+        if builder in ENCODED_BUILDERS:
+            kwargs["encoding"] = cfg.encoding
         try:
             ds = datasets.load_dataset(builder, data_files=files, split="train", streaming=cfg.streaming,
                                        cache_dir=cfg.cache_dir, **kwargs)
         except Exception as e:  # pyarrow/json parse errors arrive wrapped several levels deep
             raise DataError(f"cannot read {_name_unreadable(files, builder, cfg)} as {builder}: "
-                            f"{first_line(e, root_cause=True)}") from None
+                            f"{first_line(e, root_cause=True)}{_encoding_fix(e, files, cfg)}") \
+                from None
     else:
         try:
             ds = datasets.load_dataset(cfg.hub_name, cfg.hub_config, data_files=cfg.data_files,
@@ -150,7 +154,8 @@ def _name_unreadable(files: list[str], builder: str, cfg: DataConfig, most: int 
     (UTF-8 first, the cheap and common failure), naming up to ``most`` of them."""
     if len(files) == 1:
         return files[0]
-    bad = [f for f in files if not _decodes(f)] if builder in ("text", "json") else []
+    bad = [f for f in files if not _decodes(f, cfg.encoding)] if builder in ENCODED_BUILDERS \
+        else []
     if not bad:
         import datasets
 
@@ -166,9 +171,26 @@ def _name_unreadable(files: list[str], builder: str, cfg: DataConfig, most: int 
     return f"{len(bad)} of {len(files)} files ({shown})"
 
 
-def _decodes(path: str) -> bool:
+def _encoding_fix(error: BaseException, files: list[str], cfg: DataConfig) -> str:
+    """For text in another encoding than ``data.encoding``: which option reads it and how to
+    convert it instead; "" for any other error."""
+    while not isinstance(error, UnicodeError):
+        error = error.__cause__ or error.__context__
+        if error is None:
+            return ""
+    bad = next((f for f in files if not _decodes(f, cfg.encoding)), files[0])
+    with open(bad, "rb") as f:
+        start = f.read(4)
+    guess = "utf-16" if start[:2] in (b"\xff\xfe", b"\xfe\xff") else \
+        "utf-8-sig" if start[:3] == b"\xef\xbb\xbf" else "latin-1 or cp1252"
+    return (f"; the files are not {cfg.encoding}: set data.encoding to theirs (perhaps {guess}), "
+            f"or convert them to UTF-8 first, e.g. iconv -f {guess.split()[0]} -t utf-8 "
+            f"{bad} > {Path(bad).stem}.utf8{Path(bad).suffix}")
+
+
+def _decodes(path: str, encoding: str = "utf-8") -> bool:
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding=encoding) as f:
             while f.read(1 << 20):
                 pass
         return True

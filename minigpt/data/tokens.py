@@ -8,7 +8,9 @@ than 65536 ids), no header. ``minigpt.data.prepare`` writes them.
 from __future__ import annotations
 
 import json
+import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +20,12 @@ from minigpt.data.config import DataConfig, DataError
 from minigpt.errors import first_line
 from minigpt.tokenizer import TIKTOKEN_ENCODINGS
 
+log = logging.getLogger(__name__)
+
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
+SCAN_CHUNK = 1 << 24  # tokens per vectorized max over the memory map (32 MiB of uint16)
+FULL_SCAN_TOKENS = 1 << 28  # files up to this many tokens are checked whole at every load
 
 
 def dtype_for(vocab_size: int) -> np.dtype:
@@ -33,9 +39,10 @@ def dataset_dir(data_cfg: Any, data_root: str | os.PathLike = "data") -> Path:
 
 def load_meta(directory: str | os.PathLike) -> dict:
     """``meta.json`` of a prepared dataset, checked as a whole: its fields against each other and
-    its tokenizer, the ``.bin`` sizes against its token counts, and the token ids at both ends of
-    each file against the vocabulary. Anything inconsistent is a one-line ``DataError`` naming the
-    file and the fix."""
+    its tokenizer, the ``.bin`` sizes against its token counts, and every token id against the
+    vocabulary (for files over ``FULL_SCAN_TOKENS`` tokens, the first and last
+    ``FULL_SCAN_TOKENS // 2``, logging what was skipped: ``check_token_ids`` checks the rest batch
+    by batch). Anything inconsistent is a one-line ``DataError`` naming the file and the fix."""
     directory = Path(directory)
     path = directory / "meta.json"
     if not path.is_file():
@@ -61,10 +68,18 @@ def load_meta(directory: str | os.PathLike) -> dict:
                 f"{bin_path} {found} but meta.json records {meta[f'{split}_tokens']} {meta['dtype']} "
                 f"tokens ({expected} bytes): the file is truncated or changed; {fix}"
             )
-        top = _largest_id_at_the_ends(open_tokens(directory, split, meta))
-        if top >= meta["vocab_size"]:
-            raise DataError(f"{bin_path} holds token id {top} but meta.json's tokenizer has "
-                            f"{meta['vocab_size']} ids: the files are from another preparation; {fix}")
+        try:
+            bad, skipped = find_bad_token(open_tokens(directory, split, meta), meta["vocab_size"])
+        except OSError as e:  # unreadable: permissions, a disk error
+            raise DataError(f"{bin_path} cannot be read ({first_line(e)}); {fix}") from None
+        if bad is not None:
+            raise DataError(f"{bin_path} holds token id {bad[1]} at token offset {bad[0]} but "
+                            f"meta.json's tokenizer has {meta['vocab_size']} ids: the file is "
+                            f"damaged or from another preparation; {fix}")
+        if skipped:
+            log.info("%s: checked the first and last %d token ids, skipped the %d between (the "
+                     "training batches are checked as they are read)", bin_path,
+                     FULL_SCAN_TOKENS // 2, skipped)
     return meta
 
 
@@ -103,12 +118,43 @@ def _meta_problem(meta) -> str | None:
     return None
 
 
-def _largest_id_at_the_ends(tokens: np.ndarray, span: int = 1 << 22) -> int:
-    """The largest token id among the first and last ``span`` tokens (-1 if none): a cheap check
-    that catches files from another preparation without reading a whole large split."""
-    if len(tokens) == 0:
-        return -1
-    return int(max(tokens[:span].max(), tokens[-span:].max()))
+def find_bad_token(tokens: np.ndarray, vocab_size: int, limit: int = FULL_SCAN_TOKENS,
+                   chunk: int = SCAN_CHUNK) -> tuple[tuple[int, int] | None, int]:
+    """``((offset, id) of the first id >= vocab_size or None, tokens skipped)``: a vectorized max
+    over ``chunk``-token slices of the (memory-mapped) ``tokens``; a stream longer than ``limit``
+    is checked in its first and last ``limit // 2`` tokens only."""
+    n = len(tokens)
+    spans = [(0, n)] if n <= limit else [(0, limit // 2), (n - limit // 2, n)]
+    for start, end in spans:
+        for a in range(start, end, chunk):
+            part = tokens[a:min(a + chunk, end)]
+            if int(part.max()) >= vocab_size:
+                i = int(np.argmax(part >= vocab_size))
+                return (a + i, int(part[i])), 0
+    return None, max(0, n - limit) if n > limit else 0
+
+
+def check_token_ids(batch: np.ndarray, vocab_size: int, path: str | os.PathLike,
+                    offsets: Sequence[int]) -> None:
+    """Raise a one-line ``DataError`` if ``batch`` holds a token id outside ``[0, vocab_size)``.
+
+    ``batch`` is (B, L) token ids on the host as read from the prepared file ``path`` (numpy, or
+    anything ``np.asarray`` takes without a copy from a device), row ``i`` starting at token
+    offset ``offsets[i]`` of the file; the message names the file and the offset of the first
+    bad id. One vectorized max on the host: call it on the windows before they are copied to the
+    device, and no device sync is involved."""
+    batch = np.asarray(batch)
+    if batch.size == 0:
+        return
+    top, low = int(batch.max()), int(batch.min())
+    if top < vocab_size and low >= 0:
+        return
+    row, col = (int(i) for i in np.argwhere((batch >= vocab_size) | (batch < 0))[0])
+    directory = Path(path).parent
+    raise DataError(f"{path} holds token id {int(batch[row, col])} at token offset "
+                    f"{int(offsets[row]) + col}, outside the model's {vocab_size} ids: the file "
+                    f"is damaged or from another preparation; delete {directory} and prepare it "
+                    f"again (python -m minigpt.data data={directory.name})")
 
 
 def open_tokens(directory: str | os.PathLike, split: str, meta: dict | None = None) -> np.memmap:

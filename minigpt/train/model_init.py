@@ -9,7 +9,7 @@ from pathlib import Path
 from lightning.fabric.utilities import rank_zero_info, rank_zero_warn
 
 from minigpt.checkpoint import load_checkpoint
-from minigpt.model import GPT, GPTConfig
+from minigpt.model import GPT
 from minigpt.train.config import ConfigError, gpt_config
 
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of 64 for faster matmuls
@@ -41,15 +41,14 @@ def init_model(model_cfg: dict, tokenizer, vocab_size: int) -> GPT:
             rank_zero_warn(f"model.init_from={source} is GPT-2, but the data uses the "
                            f"{tokenizer.name!r} tokenizer: the pretrained embeddings will not fit")
     else:
-        loaded, ckpt_tokenizer, _ = load_checkpoint(path)
+        # model.dropout and model.context_length apply (a shorter context crops the position
+        # table; a longer one than it holds is one line from the loader)
+        model, ckpt_tokenizer, _ = load_checkpoint(path, dropout=model_cfg.get("dropout", 0.0),
+                                                   context_length=model_cfg["context_length"])
         if ckpt_tokenizer.to_dict() != tokenizer.to_dict():
             raise ConfigError(f"model.init_from={source} was trained with tokenizer "
                               f"{ckpt_tokenizer.name!r}, the data uses {tokenizer.name!r}: "
                               "prepare the data with the checkpoint's tokenizer")
-        config = GPTConfig.from_dict({**loaded.config.to_dict(),
-                                      "dropout": model_cfg.get("dropout", 0.0)})
-        model = GPT(config)
-        model.load_state_dict(loaded.state_dict())
     if model.config.vocab_size < tokenizer.vocab_size:
         raise ConfigError(f"model.init_from={source} has vocab_size={model.config.vocab_size}, "
                           f"smaller than the tokenizer's {tokenizer.vocab_size}")

@@ -25,6 +25,7 @@ from lightning.fabric.utilities import rank_zero_info, rank_zero_only, rank_zero
 from omegaconf import DictConfig, OmegaConf
 
 from minigpt.checkpoint import MODEL_FILE, find_latest_checkpoint, is_sharded_checkpoint
+from minigpt.config_schema import TrainSchema, check_keys
 from minigpt.consolidate import consolidate
 from minigpt.cpu import speed_up_training
 from minigpt.data import DataConfig, TokenDataModule, check_vocab_fits, open_tokens, prepare_dataset
@@ -79,6 +80,7 @@ class _FirstStep:
 
 
 def _run(cfg: DictConfig, run_dir: Path, callbacks: list) -> dict:
+    check_keys(cfg, TrainSchema)  # keys added with + that no schema has
     check_config(cfg)
     quiet_warnings()
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), Path("outputs"))
@@ -272,13 +274,15 @@ def quiet_warnings() -> None:
     """Silence warnings a user can do nothing about; each filter says why it is safe."""
     # A deprecation inside torch's pytree, raised from Lightning's code, not ours.
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
-    # Lightning advertises its cloud logger on every run; an advertisement is not a diagnostic.
+    # Lightning advertises its cloud logger on every run, and announces the precision when
+    # Fabric is built, before the run's checks (the run's description names the precision).
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logging.getLogger(name).addFilter(_drop_lightning_tips)
+        logging.getLogger(name).addFilter(_drop_lightning_notes)
 
 
-def _drop_lightning_tips(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith("💡 Tip:")
+def _drop_lightning_notes(record: logging.LogRecord) -> bool:
+    message = str(record.msg)
+    return not (message.startswith("💡 Tip:") or "Automatic Mixed Precision" in message)
 
 
 def resolve_ckpt_path(ckpt_path: str | None, root: Path) -> str | None:
