@@ -121,10 +121,14 @@ class Loop:
         """Clip the global gradient norm (``optim.grad_clip``; none: inf); return the norm before
         clipping, on the device. ``error_if_nonfinite=True`` would read it back to the host."""
         max_norm = self.grad_clip or math.inf
-        if len(self.optimizers) == 1:  # Fabric's: unscales fp16 gradients, knows FSDP's shards
+        if self.plan.fsdp or self.plan.precision.startswith("16"):
+            # Fabric's: the norm over all of FSDP's shards; fp16 gradients unscaled first
+            # (neither runs with several optimizers).
             return self.fabric.clip_gradients(self.module, self.optimizers["optimizer"],
                                               max_norm=max_norm, error_if_nonfinite=False)
-        # Several optimizers (never under fp16 or FSDP): one norm over all of the model's.
+        # The same clipping Fabric does elsewhere, summed in the model's parameter order (not
+        # the optimizer groups'): the clip factor then rounds alike whatever the optimizers, and a
+        # run reproduces the earlier Trainer-based runs to the last bit.
         return torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm,
                                               error_if_nonfinite=False)
 
