@@ -12,6 +12,8 @@ import torch
 
 from minigpt.model import GPT, GPTConfig
 
+ROOT = Path(__file__).resolve().parents[2]
+
 CONTEXTS = [
     "A man is standing on a ladder next to a house. He",
     "The woman pours flour into a large bowl and",
@@ -86,3 +88,11 @@ def gpt2_tokenizer():
     lines = merges.read_text(encoding="utf-8").split("\n")[1:]
     return GPT2TokenizerFast(vocab=json.loads(encoder.read_text(encoding="utf-8")),
                              merges=[tuple(line.split()) for line in lines if line])
+
+
+def eval_config(*overrides):
+    """``configs/eval.yaml`` composed with ``overrides``, on the CPU without a progress bar."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("eval", overrides=["progress=false", "device=cpu", *overrides])

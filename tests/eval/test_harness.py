@@ -8,7 +8,7 @@ import json
 import sys
 
 import pytest
-from eval_helpers import gpt2_tokenizer, hf_model, tiny_model, write_items
+from eval_helpers import eval_config, gpt2_tokenizer, hf_model, tiny_model, write_items
 
 pytest.importorskip("lm_eval")
 pytest.importorskip("accelerate")
@@ -20,6 +20,7 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 
 from minigpt.errors import UserError  # noqa: E402
 from minigpt.eval.harness import MiniGPTLM, run_harness  # noqa: E402
+from minigpt.eval.run import run  # noqa: E402
 from minigpt.tokenizer import get_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -115,6 +116,18 @@ def test_generate_until_matches_hflm_greedy(pair):
     a = ours.generate_until(_requests("generate_until", args))
     b = theirs.generate_until(_requests("generate_until", args))
     assert a == b and len(a) == 2 and any(a)
+
+
+def test_command_runs_a_local_task(pair, tmp_path, capsys):
+    _, _, directory = pair
+    tasks = _task_dir(directory)
+    out = tmp_path / "harness.json"
+    result = run(eval_config("task=harness", "tasks=[minigpt_tiny_mc]", f"include_path={tasks}",
+                             f"pretrained={directory / 'hf'}", "limit=4", f"out={out}"))
+    assert "minigpt_tiny_mc" in capsys.readouterr().out  # lm-eval's table
+    written = json.loads(out.read_text())
+    assert written["results"]["minigpt_tiny_mc"]["acc,none"] == \
+        result["results"]["minigpt_tiny_mc"]["acc,none"]
 
 
 def test_missing_lm_eval_says_how_to_install(monkeypatch):
