@@ -11,22 +11,24 @@ from minigpt.eval.hellaswag import (
     HellaSwagError,
     Item,
     Result,
-    hellaswag_in_training,
     load_items,
     read_items,
     score_items,
 )
 from minigpt.eval.scoring import Score, fit_row, score_rows
+from minigpt.eval.training import config_problems, hellaswag_in_training, training_items
 
 __all__ = [
     "HellaSwagError",
     "Item",
     "Result",
     "Score",
+    "config_problems",
     "fit_row",
     "hellaswag_in_training",
     "load_items",
     "read_items",
     "score_items",
     "score_rows",
+    "training_items",
 ]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minigpt.errors import UserError, first_line
-from minigpt.eval.scoring import fit_row, score_rows
+from minigpt.eval.scoring import Score, fit_row, score_groups, score_rows
 from minigpt.files import atomic_write
 
 VALIDATION_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -135,43 +135,63 @@ def load_items(path=None, limit: int | None = None, cache_dir="data/eval") -> li
     return read_items(download_validation(cache_dir) if path is None else path, limit)
 
 
-def item_rows(item: Item, tokenizer, context_length: int) -> tuple[list[tuple[list[int], int]], bool]:
-    """The four scored rows of ``item`` (``fit_row``'s ``(tokens, n)``) and whether its context
-    was cut from the left to fit."""
-    context = tokenizer.encode(item.context)
-    rows, cut = [], False
-    for ending in item.endings:
-        tokens, n, was_cut = fit_row(context, tokenizer.encode(" " + ending), context_length)
-        rows.append((tokens, n))
-        cut |= was_cut
-    return rows, cut
+def item_scores(model, tokenizer, items: Sequence[Item], *, batch_size: int = 16, device="cpu",
+                autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+                progress: Callable[[int], None] | None = None,
+                through_forward: bool = False) -> tuple[list[list[Score]], int]:
+    """The four endings' ``Score``s of each item, and how many items had their context cut.
+
+    Each context runs once, its endings after its KV cache (``score_groups``). An item whose
+    longest row does not fit the model is cut from the left (``fit_row``) and scored as four
+    rows (``score_rows``), as are all items of a sliding-window model or with
+    ``through_forward``. ``progress(k)``: after each batch of ``k`` endings.
+    """
+    context_length = model.config.context_length
+    shared = not through_forward and getattr(model.config, "window", None) is None
+    groups, group_items, rows, row_items, truncated = [], [], [], [], 0
+    for i, item in enumerate(items):
+        context = tokenizer.encode(item.context)
+        endings = [tokenizer.encode(" " + ending) for ending in item.endings]
+        fits = len(context) + max(map(len, endings)) <= context_length + 1
+        truncated += not fits
+        if shared and fits and context:
+            groups.append((context, endings))
+            group_items.append(i)
+        else:
+            rows += [fit_row(context, ending, context_length)[:2] for ending in endings]
+            row_items.append(i)
+    scores: list[list[Score]] = [[] for _ in items]
+    options = {"batch_size": 4 * batch_size, "device": device, "autocast": autocast,
+               "progress": progress}
+    for i, four in zip(group_items, score_groups(model, groups, **options), strict=True):
+        scores[i] = four
+    flat = score_rows(model, rows, through_forward=through_forward, **options) if rows else []
+    for k, i in enumerate(row_items):
+        scores[i] = flat[4 * k:4 * k + 4]
+    return scores, truncated
 
 
 def score_items(model, tokenizer, items: Sequence[Item], *, batch_size: int = 16, device="cpu",
                 autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
-                progress: bool = False) -> Result:
+                progress: bool = False, through_forward: bool = False) -> Result:
     """Score ``items`` with ``model`` (a ``GPT``); ``batch_size`` items (four rows each) per
-    forward pass. See ``score_rows`` for ``autocast``; ``progress`` shows a bar on stderr."""
-    rows, truncated = [], 0
-    for item in items:
-        item_r, cut = item_rows(item, tokenizer, model.config.context_length)
-        rows += item_r
-        truncated += cut
+    forward pass. See ``score_rows`` for ``autocast`` and ``through_forward``; ``progress``
+    shows a bar on stderr."""
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(rows), desc="hellaswag (4 rows an item)", unit="row")
+        bar = tqdm(total=4 * len(items), desc="hellaswag endings", unit="ending")
     try:
-        scores = score_rows(model, rows, batch_size=4 * batch_size, device=device,
-                            autocast=autocast, progress=None if bar is None else bar.update)
+        scores, truncated = item_scores(
+            model, tokenizer, items, batch_size=batch_size, device=device, autocast=autocast,
+            progress=None if bar is None else bar.update, through_forward=through_forward)
     finally:
         if bar is not None:
             bar.close()
     right = right_norm = 0
     choices = []
-    for i, item in enumerate(items):
-        four = scores[4 * i:4 * i + 4]
+    for four, item in zip(scores, items, strict=True):
         by_sum = max(range(4), key=lambda k: four[k].logprob)
         by_mean = max(range(4), key=lambda k: four[k].logprob / four[k].tokens)
         right += by_sum == item.label
@@ -180,16 +200,3 @@ def score_items(model, tokenizer, items: Sequence[Item], *, batch_size: int = 16
     n = len(items)
     return Result(right / n, right_norm / n, n, truncated, choices)
 
-
-def hellaswag_in_training(model, tokenizer, items: Sequence[Item], device, batch_size: int = 16,
-                          autocast: Callable[[], contextlib.AbstractContextManager] | None = None
-                          ) -> dict[str, float]:
-    """The metrics the training loop logs at a validation: ``{"eval/hellaswag_acc": ...,
-    "eval/hellaswag_acc_norm": ...}`` for ``items`` (``load_items(cfg.eval.path,
-    cfg.eval.limit, ...)``, loaded once before training). ``model``: the ``GPT`` being trained
-    (the unwrapped module; a compiled or Fabric wrapper forwards ``hidden_states`` too), back in
-    its training mode afterwards; ``autocast``: e.g. ``fabric.autocast``. Every rank computes the
-    same numbers."""
-    result = score_items(model, tokenizer, items, batch_size=batch_size, device=device,
-                         autocast=autocast)
-    return {"eval/hellaswag_acc": result.acc, "eval/hellaswag_acc_norm": result.acc_norm}

@@ -5,14 +5,18 @@ score. Rows of one batch are right-padded: a causal model never looks right, so 
 row's last token changes none of its logits, and no attention mask is needed. Only the scored
 positions go through the LM head (the head is a large share of a small model's work).
 
-Shape letters: R rows in a batch, T tokens, M scored tokens, C = n_embd, V vocabulary.
+A *group* is one context with several continuations (HellaSwag's four endings, a harness
+multiple-choice question): ``score_groups`` runs the context once, left-padded into the KV cache,
+and the continuations after copies of its cache, so a context's tokens are not run four times.
+
+Shape letters: R rows in a batch, G groups, T tokens, M scored tokens, C = n_embd, V vocabulary.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -43,9 +47,12 @@ def fit_row(context: Sequence[int], continuation: Sequence[int],
 
 def score_rows(model, rows: Sequence[tuple[Sequence[int], int]], *, batch_size: int,
                device="cpu", autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
-               progress: Callable[[int], None] | None = None) -> list[Score]:
+               progress: Callable[[int], None] | None = None,
+               through_forward: bool = False) -> list[Score]:
     """Score the last ``n`` tokens of each ``(tokens, n)`` row (``fit_row``'s output) under
     ``model`` (a ``GPT``: ``hidden_states`` and ``lm_head``), ``batch_size`` rows per forward pass.
+    ``through_forward``: call ``model(idx)`` for the logits of every position instead, for
+    wrappers whose weights only gather inside ``forward`` (FSDP).
 
     Rows run longest first, so a batch holds rows of similar length and little padding; results
     come back in the order given. ``autocast`` (e.g. ``fabric.autocast``) wraps each forward pass;
@@ -63,7 +70,7 @@ def score_rows(model, rows: Sequence[tuple[Sequence[int], int]], *, batch_size: 
             for start in range(0, len(order), batch_size):
                 batch = order[start:start + batch_size]
                 for i, score in zip(batch, _score_batch(model, [rows[i] for i in batch], device,
-                                                        autocast), strict=True):
+                                                        autocast, through_forward), strict=True):
                     scores[i] = score
                 if progress is not None:
                     progress(len(batch))
@@ -72,7 +79,107 @@ def score_rows(model, rows: Sequence[tuple[Sequence[int], int]], *, batch_size: 
     return scores  # type: ignore[return-value]
 
 
-def _score_batch(model, rows, device, autocast) -> list[Score]:
+def score_groups(model, groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]], *,
+                 batch_size: int, device="cpu",
+                 autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+                 progress: Callable[[int], None] | None = None) -> list[list[Score]]:
+    """Score each continuation of each ``(context, continuations)`` group after its context;
+    about ``batch_size`` continuations per batch. The same numbers as ``score_rows`` on the rows
+    ``context + continuation``, but each context runs once. Every row must fit the model
+    (``len(context) + len(continuation) <= context_length + 1``; ``fit_row`` cuts those that do
+    not, which then go to ``score_rows``); a sliding-window model goes to ``score_rows`` whole.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be at least 1")
+    for context, continuations in groups:
+        if not context or not continuations or not all(continuations):
+            raise ValueError("a group needs a context and continuations of at least one token")
+        if len(context) + max(map(len, continuations)) > model.config.context_length + 1:
+            raise ValueError(f"a group's rows run past context_length="
+                             f"{model.config.context_length}: cut them with fit_row")
+    order = sorted(range(len(groups)), key=lambda g: -len(groups[g][0]))
+    scores: list[list[Score]] = [[] for _ in groups]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            start = 0
+            while start < len(order):
+                end = _batch_end(groups, order, start, batch_size, model.config.context_length)
+                batch = order[start:end]
+                rows = sum(len(groups[g][1]) for g in batch)
+                with autocast() if autocast is not None else contextlib.nullcontext():
+                    done = _score_group_batch(model, [groups[g] for g in batch], device)
+                for g, group_scores in zip(batch, done, strict=True):
+                    scores[g] = group_scores
+                if progress is not None:
+                    progress(rows)
+                start = end
+    finally:
+        model.train(was_training)
+    return scores
+
+
+def _batch_end(groups, order: list[int], start: int, batch_size: int, context_length: int) -> int:
+    """Where the batch that begins at ``order[start]`` ends: at most ``batch_size``
+    continuations (at least one group), and the padded contexts (the first is the longest) plus
+    the longest continuation within the model's context, as the KV cache requires."""
+    end, rows, longest = start, 0, 0
+    Tc = len(groups[order[start]][0])
+    while end < len(order):
+        context, continuations = groups[order[end]]
+        longest_here = max(longest, max(map(len, continuations)))
+        if end > start and (rows + len(continuations) > batch_size
+                            or Tc + longest_here - 1 > context_length):
+            break
+        rows, longest, end = rows + len(continuations), longest_here, end + 1
+    return end
+
+
+def _score_group_batch(model, groups, device) -> list[list[Score]]:
+    """One batch of groups: the contexts left-padded into the KV cache (each row's last
+    context token in the last column), then every continuation after a copy of its context's
+    cache, right-padded."""
+    counts = [len(continuations) for _, continuations in groups]
+    G, Tc = len(groups), max(len(context) for context, _ in groups)
+    Te = max(len(c) for _, continuations in groups for c in continuations)
+    ctx = torch.zeros(G, Tc, dtype=torch.long)  # (G, Tc) left-padded contexts
+    lengths = torch.tensor([len(context) for context, _ in groups])  # (G,)
+    for g, (context, _) in enumerate(groups):
+        ctx[g, Tc - len(context):] = torch.tensor(list(context))
+    cols = torch.arange(Tc)[None, :]  # (1, Tc)
+    padding = cols < (Tc - lengths)[:, None]  # (G, Tc) True = padding
+    positions = (cols - (Tc - lengths)[:, None]).clamp(min=0)  # (G, Tc)
+    caches = model.new_kv_caches(G, Tc + Te - 1, device=device)
+    last = model.hidden_states(ctx.to(device), padding.to(device) if bool(padding.any()) else None,
+                               positions.to(device), caches)[:, -1]  # (G, C)
+    repeats = torch.tensor(counts, device=device)
+    R = sum(counts)
+    hidden = last.repeat_interleave(repeats, dim=0)[:, None]  # (R, 1, C) predicts token 1
+    if Te > 1:  # the continuations' tokens but the last, after their context's cache
+        caches = [replace(c, keys=c.keys.repeat_interleave(repeats, dim=0),
+                          values=c.values.repeat_interleave(repeats, dim=0),
+                          padding=c.padding.repeat_interleave(repeats, dim=0)) for c in caches]
+        ends = torch.zeros(R, Te - 1, dtype=torch.long)  # (R, Te - 1) right-padded
+        conts = [c for _, continuations in groups for c in continuations]
+        for r, c in enumerate(conts):
+            ends[r, :len(c) - 1] = torch.tensor(list(c[:-1]))
+        starts = lengths.repeat_interleave(torch.tensor(counts))[:, None]  # (R, 1)
+        ends_pos = starts + torch.arange(Te - 1)[None, :]  # (R, Te - 1) (_batch_end: all fit)
+        hidden = torch.cat([hidden, model.hidden_states(ends.to(device), None, ends_pos.to(device),
+                                                        caches)], dim=1)  # (R, Te, C)
+    targets = torch.full((R, Te), -1, dtype=torch.long)  # (R, Te) -1 = padding
+    for r, c in enumerate(c for _, continuations in groups for c in continuations):
+        targets[r, :len(c)] = torch.tensor(list(c))
+    flat = _scores_at(model, hidden, targets.to(device), [len(c) for _, cs in groups for c in cs])
+    out, at = [], 0
+    for n in counts:
+        out.append(flat[at:at + n])
+        at += n
+    return out
+
+
+def _score_batch(model, rows, device, autocast, through_forward: bool) -> list[Score]:
     R, T = len(rows), max(len(tokens) for tokens, _ in rows) - 1
     idx = torch.zeros(R, T, dtype=torch.long)  # (R, T) right-padded inputs
     targets = torch.full((R, T), -1, dtype=torch.long)  # (R, T) -1 = not scored
@@ -81,24 +188,39 @@ def _score_batch(model, rows, device, autocast) -> list[Score]:
             raise ValueError(f"row {r} has {len(tokens)} tokens and {n} to score: a row scores "
                              "1 to len - 1 tokens")
         L = len(tokens) - 1
-        idx[r, :L] = torch.tensor(tokens[:-1])
-        targets[r, L - n:L] = torch.tensor(tokens[-n:])
+        idx[r, :L] = torch.tensor(list(tokens[:-1]))
+        targets[r, L - n:L] = torch.tensor(list(tokens[-n:]))
     idx, targets = idx.to(device), targets.to(device)
-    scored = targets >= 0  # (R, T)
+    counts = [n for _, n in rows]
     with autocast() if autocast is not None else contextlib.nullcontext():
-        hidden = model.hidden_states(idx)[scored]  # (M, C) the positions that predict a target
-        wanted = targets[scored]  # (M,)
-        logprobs, hits = [], []
-        for s in range(0, len(wanted), HEAD_CHUNK):
-            logits = model.lm_head(hidden[s:s + HEAD_CHUNK]).float()  # (m, V)
-            logp = F.log_softmax(logits, dim=-1)
-            target = wanted[s:s + HEAD_CHUNK, None]  # (m, 1)
-            logprobs.append(logp.gather(1, target)[:, 0])
-            hits.append(logits.argmax(dim=-1) == target[:, 0])
+        if through_forward:
+            return _scores_at(model, None, targets, counts, logits=model(idx))
+        return _scores_at(model, model.hidden_states(idx), targets, counts)
+
+
+def _scores_at(model, hidden, targets, counts: list[int], logits=None) -> list[Score]:
+    """The ``Score`` of each row from its hidden states (R, T, C) (or the model's ``logits``
+    (R, T, V)) at the positions where ``targets`` (R, T) is not -1; ``counts``: those per row."""
+    scored = targets >= 0  # (R, T)
+    wanted = targets[scored]  # (M,) row by row
+    if logits is not None:
+        chunks = iter([logits[scored]])  # (M, V)
+    else:
+        hidden = hidden[scored]  # (M, C) only the positions that predict a target
+        chunks = (model.lm_head(hidden[s:s + HEAD_CHUNK])  # (m, V)
+                  for s in range(0, len(hidden), HEAD_CHUNK))
+    logprobs, hits, done = [], [], 0
+    for chunk in chunks:
+        chunk = chunk.float()
+        target = wanted[done:done + len(chunk), None]  # (m, 1)
+        done += len(chunk)
+        logprobs.append(F.log_softmax(chunk, dim=-1).gather(1, target)[:, 0])  # (m,)
+        hits.append(chunk.argmax(dim=-1) == target[:, 0])
+    R = targets.shape[0]
     row_of = scored.nonzero()[:, 0]  # (M,) each scored position's row
-    sums = torch.zeros(R, dtype=torch.float64, device=idx.device)
+    sums = torch.zeros(R, dtype=torch.float64, device=targets.device)
     sums.index_add_(0, row_of, torch.cat(logprobs).double())
-    misses = torch.zeros(R, dtype=torch.long, device=idx.device)
+    misses = torch.zeros(R, dtype=torch.long, device=targets.device)
     misses.index_add_(0, row_of, (~torch.cat(hits)).long())
-    return [Score(s, n, m == 0) for s, m, (_, n) in zip(sums.tolist(), misses.tolist(), rows,
-                                                        strict=True)]
+    return [Score(s, n, m == 0) for s, m, n in zip(sums.tolist(), misses.tolist(), counts,
+                                                   strict=True)]

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from eval_helpers import hf_model, tiny_model, write_items
 
-from minigpt.eval import HellaSwagError, hellaswag_in_training, load_items, read_items, score_items
+from minigpt.eval import HellaSwagError, load_items, read_items, score_items
 from minigpt.eval.hellaswag import download_validation
 from minigpt.tokenizer import get_tokenizer
 
@@ -71,20 +71,6 @@ def test_batch_size_changes_nothing(tmp_path):
     one = score_items(model, tok, items, batch_size=1)
     many = score_items(model, tok, items, batch_size=64)
     assert (one.acc, one.acc_norm, one.choices) == (many.acc, many.acc_norm, many.choices)
-
-
-def test_in_training_metric_restores_training_mode(tmp_path):
-    write_items(tmp_path / "hs.jsonl")
-    items = load_items(tmp_path / "hs.jsonl", limit=5)
-    assert len(items) == 5
-    model, tok = tiny_model().train(), get_tokenizer("gpt2")
-    plain = hellaswag_in_training(model, tok, items, "cpu", batch_size=2)
-    assert model.training and set(plain) == {"eval/hellaswag_acc", "eval/hellaswag_acc_norm"}
-    expected_norm = score_items(model.eval(), tok, items).acc_norm
-    assert plain["eval/hellaswag_acc_norm"] == expected_norm
-    bf16 = hellaswag_in_training(model, tok, items, "cpu", batch_size=2,
-                                 autocast=lambda: torch.autocast("cpu", torch.bfloat16))
-    assert all(0.0 <= v <= 1.0 for v in bf16.values())
 
 
 def _line(tmp_path, text):
