@@ -137,46 +137,65 @@ def _batch_end(groups, order: list[int], start: int, batch_size: int, context_le
 
 
 def _score_group_batch(model, groups, device) -> list[list[Score]]:
-    """One batch of groups: the contexts left-padded into the KV cache (each row's last
-    context token in the last column), then every continuation after a copy of its context's
-    cache, right-padded."""
-    counts = [len(continuations) for _, continuations in groups]
-    G, Tc = len(groups), max(len(context) for context, _ in groups)
+    """One batch of groups: the contexts once, then the continuations longest first in runs of
+    similar length (little padding), each after copies of its context's cache."""
     Te = max(len(c) for _, continuations in groups for c in continuations)
-    ctx = torch.zeros(G, Tc, dtype=torch.long)  # (G, Tc) left-padded contexts
-    lengths = torch.tensor([len(context) for context, _ in groups])  # (G,)
-    for g, (context, _) in enumerate(groups):
+    last, caches, lengths = _run_contexts(model, [context for context, _ in groups], Te - 1,
+                                          device)
+    rows = [(g, c) for g, (_, continuations) in enumerate(groups) for c in continuations]
+    order = sorted(range(len(rows)), key=lambda r: -len(rows[r][1]))
+    flat: list[Score | None] = [None] * len(rows)
+    while order:  # a run ends where a row is shorter than 3/4 of its longest
+        run = [r for r in order if 4 * len(rows[r][1]) >= 3 * len(rows[order[0]][1])]
+        order = order[len(run):]
+        scores = _run_continuations(model, last, caches, lengths, [rows[r] for r in run], device)
+        for r, score in zip(run, scores, strict=True):
+            flat[r] = score
+    out, at = [], 0
+    for _, continuations in groups:
+        out.append(flat[at:at + len(continuations)])
+        at += len(continuations)
+    return out
+
+
+def _run_contexts(model, contexts, room: int, device):
+    """The contexts left-padded (each one's last token in the last column) through the model
+    into fresh KV caches with ``room`` more tokens: the hidden state that predicts each
+    continuation's first token (G, C), the caches, and the context lengths (G,)."""
+    G, Tc = len(contexts), max(map(len, contexts))
+    ctx = torch.zeros(G, Tc, dtype=torch.long)  # (G, Tc)
+    lengths = torch.tensor([len(context) for context in contexts])  # (G,)
+    for g, context in enumerate(contexts):
         ctx[g, Tc - len(context):] = torch.tensor(list(context))
     cols = torch.arange(Tc)[None, :]  # (1, Tc)
     padding = cols < (Tc - lengths)[:, None]  # (G, Tc) True = padding
     positions = (cols - (Tc - lengths)[:, None]).clamp(min=0)  # (G, Tc)
-    caches = model.new_kv_caches(G, Tc + Te - 1, device=device)
-    last = model.hidden_states(ctx.to(device), padding.to(device) if bool(padding.any()) else None,
-                               positions.to(device), caches)[:, -1]  # (G, C)
-    repeats = torch.tensor(counts, device=device)
-    R = sum(counts)
-    hidden = last.repeat_interleave(repeats, dim=0)[:, None]  # (R, 1, C) predicts token 1
-    if Te > 1:  # the continuations' tokens but the last, after their context's cache
-        caches = [replace(c, keys=c.keys.repeat_interleave(repeats, dim=0),
-                          values=c.values.repeat_interleave(repeats, dim=0),
-                          padding=c.padding.repeat_interleave(repeats, dim=0)) for c in caches]
+    caches = model.new_kv_caches(G, Tc + room, device=device)
+    hidden = model.hidden_states(ctx.to(device), padding.to(device) if bool(padding.any()) else None,
+                                 positions.to(device), caches)  # (G, Tc, C)
+    return hidden[:, -1], caches, lengths
+
+
+def _run_continuations(model, last, caches, lengths, rows, device) -> list[Score]:
+    """Score ``rows`` of ``(group, continuation)``: each continuation's tokens but the last run
+    after a copy of its group's cache, right-padded (the first token is predicted by ``last``)."""
+    R, Te = len(rows), max(len(c) for _, c in rows)
+    group = torch.tensor([g for g, _ in rows])  # (R,)
+    hidden = last[group.to(device)][:, None]  # (R, 1, C) predicts each first token
+    if Te > 1:
+        pick = group.to(device)
+        copies = [replace(c, keys=c.keys[pick], values=c.values[pick], padding=c.padding[pick])
+                  for c in caches]
         ends = torch.zeros(R, Te - 1, dtype=torch.long)  # (R, Te - 1) right-padded
-        conts = [c for _, continuations in groups for c in continuations]
-        for r, c in enumerate(conts):
+        for r, (_, c) in enumerate(rows):
             ends[r, :len(c) - 1] = torch.tensor(list(c[:-1]))
-        starts = lengths.repeat_interleave(torch.tensor(counts))[:, None]  # (R, 1)
-        ends_pos = starts + torch.arange(Te - 1)[None, :]  # (R, Te - 1) (_batch_end: all fit)
-        hidden = torch.cat([hidden, model.hidden_states(ends.to(device), None, ends_pos.to(device),
-                                                        caches)], dim=1)  # (R, Te, C)
+        positions = lengths[group][:, None] + torch.arange(Te - 1)[None, :]  # (R, Te - 1)
+        hidden = torch.cat([hidden, model.hidden_states(ends.to(device), None,
+                                                        positions.to(device), copies)], dim=1)
     targets = torch.full((R, Te), -1, dtype=torch.long)  # (R, Te) -1 = padding
-    for r, c in enumerate(c for _, continuations in groups for c in continuations):
+    for r, (_, c) in enumerate(rows):
         targets[r, :len(c)] = torch.tensor(list(c))
-    flat = _scores_at(model, hidden, targets.to(device), [len(c) for _, cs in groups for c in cs])
-    out, at = [], 0
-    for n in counts:
-        out.append(flat[at:at + n])
-        at += n
-    return out
+    return _scores_at(model, hidden, targets.to(device), [len(c) for _, c in rows])
 
 
 def _score_batch(model, rows, device, autocast, through_forward: bool) -> list[Score]:
