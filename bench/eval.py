@@ -1,7 +1,7 @@
 """HellaSwag scoring speed: items/s of ``minigpt.eval`` against lm-eval's ``HFLM`` scoring the
 same items (each ending after its context, ``loglikelihood``) on the same weights.
 
-    python bench/eval.py                        # GPT-2 small, 32 synthetic items, 2 threads
+    python bench/eval.py --threads 1 --clock cpu   # GPT-2 small, 32 synthetic items; CPU time
     python bench/eval.py --items 200 --path hellaswag_val.jsonl   # real items, if you have them
     python bench/eval.py --device cuda --items 10042 --path hellaswag_val.jsonl --ours-only
 
@@ -20,12 +20,13 @@ import random
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from timing import add_timing_arguments, clock, configure_timing  # noqa: E402
+
 from minigpt.eval.hellaswag import Item, item_scores, read_items  # noqa: E402
 from minigpt.model import GPT, GPTConfig  # noqa: E402
 from minigpt.tokenizer import get_tokenizer  # noqa: E402
@@ -73,13 +74,13 @@ def main() -> None:
     parser.add_argument("--path", help="a HellaSwag jsonl file (default: synthetic items)")
     parser.add_argument("--batch-size", type=int, default=16, help="items per forward pass")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="autocast dtype of ours (HFLM runs float32)")
     parser.add_argument("--ours-only", action="store_true", help="skip HFLM (e.g. all items)")
+    add_timing_arguments(parser)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    configure_timing(parser, args)
     torch.manual_seed(0)
     tokenizer = get_tokenizer("gpt2")
     items = read_items(args.path, args.items) if args.path else \
@@ -112,15 +113,15 @@ def main() -> None:
         for name, run in variants.items():
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
-            start = time.perf_counter()
+            start = clock()
             run()
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
 
     print(f"{len(items)} items ({'file ' + args.path if args.path else 'synthetic'}), "
           f"{tokens} tokens in {len(requests)} context + ending rows, batch {args.batch_size} items, "
-          f"{args.threads} threads, {args.device}, ours {args.dtype}")
+          f"{args.threads} threads, {args.clock} clock, {args.device}, ours {args.dtype}")
     print(f"{'variant':<14} {'median s':>9} {'items/s':>9}")
     for name, t in times.items():
         median = statistics.median(t)
