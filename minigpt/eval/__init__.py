@@ -15,7 +15,7 @@ from minigpt.eval.hellaswag import (
     read_items,
     score_items,
 )
-from minigpt.eval.scoring import Score, fit_row, score_rows
+from minigpt.eval.scoring import Score, fit_row, score_groups, score_pairs, score_rows
 from minigpt.eval.training import config_problems, hellaswag_in_training, training_items
 
 __all__ = [
@@ -29,6 +29,8 @@ __all__ = [
     "load_items",
     "read_items",
     "score_items",
+    "score_groups",
+    "score_pairs",
     "score_rows",
     "training_items",
 ]

@@ -66,13 +66,19 @@ class MiniGPTLM(TemplateLM):
         return self.tokenizer_.encode(string)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
-        """``(logprob, is_greedy)`` per ``(key, context_ids, continuation_ids)``, the pair cut
-        from the left to the model's context as the harness's ``hf`` model cuts it."""
-        from minigpt.eval.scoring import fit_row
+        """``(logprob, is_greedy)`` per ``(key, context_ids, continuation_ids)``; requests with
+        one context (a multiple-choice question) run it once; a pair too long for the model is
+        cut from the left as the harness's ``hf`` model cuts it."""
+        from tqdm import tqdm
 
-        rows = [fit_row(context, continuation, self.max_length)[:2]
-                for _, context, continuation in requests]
-        return [(s.logprob, s.greedy) for s in self._score(rows, disable_tqdm)]
+        from minigpt.eval.scoring import score_pairs
+
+        with tqdm(total=len(requests), disable=disable_tqdm, desc="loglikelihood") as bar:
+            scores, _ = score_pairs(self.model, [(context, continuation)
+                                                 for _, context, continuation in requests],
+                                    batch_size=self.batch_size, device=self.device_,
+                                    autocast=self.autocast, progress=bar.update)
+        return [(s.logprob, s.greedy) for s in scores]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Each text's total log-likelihood, in disjoint windows of the model's context (the

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minigpt.errors import UserError, first_line
-from minigpt.eval.scoring import Score, fit_row, score_groups, score_rows
+from minigpt.eval.scoring import Score, score_pairs
 from minigpt.files import atomic_write
 
 VALIDATION_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -139,36 +139,18 @@ def item_scores(model, tokenizer, items: Sequence[Item], *, batch_size: int = 16
                 autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
                 progress: Callable[[int], None] | None = None,
                 through_forward: bool = False) -> tuple[list[list[Score]], int]:
-    """The four endings' ``Score``s of each item, and how many items had their context cut.
-
-    Each context runs once, its endings after its KV cache (``score_groups``). An item whose
-    longest row does not fit the model is cut from the left (``fit_row``) and scored as four
-    rows (``score_rows``), as are all items of a sliding-window model or with
-    ``through_forward``. ``progress(k)``: after each batch of ``k`` endings.
-    """
-    context_length = model.config.context_length
-    shared = not through_forward and getattr(model.config, "window", None) is None
-    groups, group_items, rows, row_items, truncated = [], [], [], [], 0
-    for i, item in enumerate(items):
+    """The four endings' ``Score``s of each item (``score_pairs``: each context runs once), and
+    how many items had their context cut from the left to fit the model. ``batch_size``: items
+    per forward pass; ``progress(k)``: after each batch of ``k`` endings."""
+    pairs = []
+    for item in items:
         context = tokenizer.encode(item.context)
-        endings = [tokenizer.encode(" " + ending) for ending in item.endings]
-        fits = len(context) + max(map(len, endings)) <= context_length + 1
-        truncated += not fits
-        if shared and fits and context:
-            groups.append((context, endings))
-            group_items.append(i)
-        else:
-            rows += [fit_row(context, ending, context_length)[:2] for ending in endings]
-            row_items.append(i)
-    scores: list[list[Score]] = [[] for _ in items]
-    options = {"batch_size": 4 * batch_size, "device": device, "autocast": autocast,
-               "progress": progress}
-    for i, four in zip(group_items, score_groups(model, groups, **options), strict=True):
-        scores[i] = four
-    flat = score_rows(model, rows, through_forward=through_forward, **options) if rows else []
-    for k, i in enumerate(row_items):
-        scores[i] = flat[4 * k:4 * k + 4]
-    return scores, truncated
+        pairs += [(context, tokenizer.encode(" " + ending)) for ending in item.endings]
+    scores, cut = score_pairs(model, pairs, batch_size=4 * batch_size, device=device,
+                              autocast=autocast, progress=progress,
+                              through_forward=through_forward)
+    return ([scores[i:i + 4] for i in range(0, len(pairs), 4)],
+            sum(any(cut[i:i + 4]) for i in range(0, len(pairs), 4)))
 
 
 def score_items(model, tokenizer, items: Sequence[Item], *, batch_size: int = 16, device="cpu",

@@ -45,6 +45,44 @@ def fit_row(context: Sequence[int], continuation: Sequence[int],
     return row, min(len(continuation), len(row) - 1), cut
 
 
+def score_pairs(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, batch_size: int,
+                device="cpu",
+                autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+                progress: Callable[[int], None] | None = None,
+                through_forward: bool = False) -> tuple[list[Score], list[bool]]:
+    """Score each ``(context, continuation)`` pair; and whether each was cut from the left.
+
+    Pairs with the same context run it once (``score_groups``); a pair that does not fit the
+    model is cut (``fit_row``) and scored as a row (``score_rows``), as are all pairs of a
+    sliding-window model or with ``through_forward``. ``batch_size``: continuations per batch;
+    ``progress(k)``: after each batch of ``k``.
+    """
+    context_length = model.config.context_length
+    shared = not through_forward and getattr(model.config, "window", None) is None
+    groups: dict[tuple[int, ...], list[int]] = {}
+    rows, row_pairs, cut = [], [], []
+    for i, (context, continuation) in enumerate(pairs):
+        cut.append(len(context) + len(continuation) > context_length + 1)
+        if shared and context and not cut[-1]:
+            groups.setdefault(tuple(context), []).append(i)
+        else:
+            rows.append(fit_row(context, continuation, context_length)[:2])
+            row_pairs.append(i)
+    scores: list[Score | None] = [None] * len(pairs)
+    options = {"batch_size": batch_size, "device": device, "autocast": autocast,
+               "progress": progress}
+    done = score_groups(model, [(context, [pairs[i][1] for i in members])
+                                for context, members in groups.items()], **options)
+    for members, group_scores in zip(groups.values(), done, strict=True):
+        for i, score in zip(members, group_scores, strict=True):
+            scores[i] = score
+    if rows:
+        for i, score in zip(row_pairs, score_rows(model, rows, through_forward=through_forward,
+                                                  **options), strict=True):
+            scores[i] = score
+    return scores, cut  # type: ignore[return-value]
+
+
 def score_rows(model, rows: Sequence[tuple[Sequence[int], int]], *, batch_size: int,
                device="cpu", autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
                progress: Callable[[int], None] | None = None,
@@ -137,20 +175,15 @@ def _batch_end(groups, order: list[int], start: int, batch_size: int, context_le
 
 
 def _score_group_batch(model, groups, device) -> list[list[Score]]:
-    """One batch of groups: the contexts once, then the continuations longest first in runs of
-    similar length (little padding), each after copies of its context's cache."""
+    """One batch of groups: the contexts once, then all their continuations in one pass, each
+    after a copy of its context's cache. (Few large passes: on a busy machine every operator's
+    threads wait for each other, so splitting the pass to save padding costs more than it
+    saves.)"""
     Te = max(len(c) for _, continuations in groups for c in continuations)
     last, caches, lengths = _run_contexts(model, [context for context, _ in groups], Te - 1,
                                           device)
     rows = [(g, c) for g, (_, continuations) in enumerate(groups) for c in continuations]
-    order = sorted(range(len(rows)), key=lambda r: -len(rows[r][1]))
-    flat: list[Score | None] = [None] * len(rows)
-    while order:  # a run ends where a row is shorter than 3/4 of its longest
-        run = [r for r in order if 4 * len(rows[r][1]) >= 3 * len(rows[order[0]][1])]
-        order = order[len(run):]
-        scores = _run_continuations(model, last, caches, lengths, [rows[r] for r in run], device)
-        for r, score in zip(run, scores, strict=True):
-            flat[r] = score
+    flat = _run_continuations(model, last, caches, lengths, rows, device)
     out, at = [], 0
     for _, continuations in groups:
         out.append(flat[at:at + len(continuations)])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minigpt.eval.scoring import fit_row, score_groups, score_rows
+from minigpt.eval.scoring import fit_row, score_groups, score_pairs, score_rows
 from minigpt.model import GPT, GPTConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -40,6 +40,20 @@ def test_groups_equal_whole_rows(variant, batch_size):
     torch.testing.assert_close([s.logprob for s in shared], [s.logprob for s in whole],
                                rtol=0, atol=1e-4)
     assert [(s.tokens, s.greedy) for s in shared] == [(s.tokens, s.greedy) for s in whole]
+
+
+@pytest.mark.parametrize("variant", [{}, {"position": "rope", "window": 8}], ids=["gpt2", "window"])
+def test_pairs_share_contexts_and_cut_what_does_not_fit(variant):
+    model, groups = model_of(**variant), groups_of()
+    pairs = [(ctx, cont) for ctx, conts in groups for cont in conts]
+    pairs += [(list(range(30)), [1, 2, 3]), ([], [4, 5, 6]), (list(range(20)), [7] * 6)]
+    scores, cut = score_pairs(model, pairs, batch_size=4)
+    rows = [fit_row(ctx, cont, 24)[:2] for ctx, cont in pairs]
+    whole = score_rows(model, rows, batch_size=4)
+    torch.testing.assert_close([s.logprob for s in scores], [s.logprob for s in whole],
+                               rtol=0, atol=1e-4)
+    assert cut == [False] * (len(pairs) - 3) + [True, False, True]
+    assert [s.tokens for s in scores[-3:]] == [3, 2, 6]  # an empty context: the first is not scored
 
 
 def test_whole_rows_equal_one_sequence_at_a_time():
