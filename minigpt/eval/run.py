@@ -28,6 +28,7 @@ def run(cfg: DictConfig, out=None) -> dict:
 
         items = load_items(cfg.path, cfg.limit, cfg.cache_dir)
     else:
+        tasks = _task_list(cfg.tasks)
         from minigpt.eval.harness import MiniGPTLM, run_harness  # fails here without lm_eval
     model, tokenizer, source, device, autocast = _load(cfg)
     if cfg.task == "hellaswag":
@@ -40,7 +41,7 @@ def run(cfg: DictConfig, out=None) -> dict:
     else:
         lm = MiniGPTLM(model, tokenizer, batch_size=cfg.batch_size, device=device,
                        autocast=autocast, max_gen_toks=cfg.max_gen_toks)
-        results = run_harness(lm, _task_list(cfg.tasks), num_fewshot=cfg.num_fewshot,
+        results = run_harness(lm, tasks, num_fewshot=cfg.num_fewshot,
                               limit=cfg.limit, include_path=cfg.include_path)
         from lm_eval.utils import make_table
 

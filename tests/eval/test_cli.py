@@ -65,6 +65,8 @@ def test_limit_and_options_checked_before_loading(model_files):
         run(config("task=mmlu", "batch_size=0"))
     with pytest.raises(UserError, match="tasks= is for the harness"):
         run(config("tasks=[arc_easy]"))
+    with pytest.raises(UserError, match="harness needs tasks: python -m minigpt.eval harness"):
+        run(config("task=harness", "ckpt_path=/no/such.ckpt"))  # before the model is read
 
 
 def test_harness_arguments():
