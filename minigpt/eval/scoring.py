@@ -72,7 +72,8 @@ def score_pairs(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, 
     options = {"batch_size": batch_size, "device": device, "autocast": autocast,
                "progress": progress}
     done = score_groups(model, [(context, [pairs[i][1] for i in members])
-                                for context, members in groups.items()], **options)
+                                for context, members in groups.items()], **options) \
+        if groups else []
     for members, group_scores in zip(groups.values(), done, strict=True):
         for i, score in zip(members, group_scores, strict=True):
             scores[i] = score
@@ -101,19 +102,14 @@ def score_rows(model, rows: Sequence[tuple[Sequence[int], int]], *, batch_size: 
         raise ValueError(f"batch_size={batch_size} must be at least 1")
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
     scores: list[Score | None] = [None] * len(rows)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            for start in range(0, len(order), batch_size):
-                batch = order[start:start + batch_size]
-                for i, score in zip(batch, _score_batch(model, [rows[i] for i in batch], device,
-                                                        autocast, through_forward), strict=True):
-                    scores[i] = score
-                if progress is not None:
-                    progress(len(batch))
-    finally:
-        model.train(was_training)
+    with _evaluating(model):
+        for start in range(0, len(order), batch_size):
+            batch = order[start:start + batch_size]
+            for i, score in zip(batch, _score_batch(model, [rows[i] for i in batch], device,
+                                                    autocast, through_forward), strict=True):
+                scores[i] = score
+            if progress is not None:
+                progress(len(batch))
     return scores  # type: ignore[return-value]
 
 
@@ -125,10 +121,14 @@ def score_groups(model, groups: Sequence[tuple[Sequence[int], Sequence[Sequence[
     about ``batch_size`` continuations per batch. The same numbers as ``score_rows`` on the rows
     ``context + continuation``, but each context runs once. Every row must fit the model
     (``len(context) + len(continuation) <= context_length + 1``; ``fit_row`` cuts those that do
-    not, which then go to ``score_rows``); a sliding-window model goes to ``score_rows`` whole.
+    not, which then go to ``score_rows``), and the model must attend to all its context (no
+    sliding window).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be at least 1")
+    if getattr(model.config, "window", None) is not None:
+        raise ValueError("a sliding-window model's cache keeps only its window: score its rows "
+                         "whole with score_rows (score_pairs does)")
     for context, continuations in groups:
         if not context or not continuations or not all(continuations):
             raise ValueError("a group needs a context and continuations of at least one token")
@@ -137,25 +137,31 @@ def score_groups(model, groups: Sequence[tuple[Sequence[int], Sequence[Sequence[
                              f"{model.config.context_length}: cut them with fit_row")
     order = sorted(range(len(groups)), key=lambda g: -len(groups[g][0]))
     scores: list[list[Score]] = [[] for _ in groups]
+    start = 0
+    with _evaluating(model):
+        while start < len(order):
+            end = _batch_end(groups, order, start, batch_size, model.config.context_length)
+            batch = order[start:end]
+            with autocast() if autocast is not None else contextlib.nullcontext():
+                done = _score_group_batch(model, [groups[g] for g in batch], device)
+            for g, group_scores in zip(batch, done, strict=True):
+                scores[g] = group_scores
+            if progress is not None:
+                progress(sum(len(groups[g][1]) for g in batch))
+            start = end
+    return scores
+
+
+@contextlib.contextmanager
+def _evaluating(model):
+    """Eval mode and no autograd inside; the model's training flag as it was afterwards."""
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            start = 0
-            while start < len(order):
-                end = _batch_end(groups, order, start, batch_size, model.config.context_length)
-                batch = order[start:end]
-                rows = sum(len(groups[g][1]) for g in batch)
-                with autocast() if autocast is not None else contextlib.nullcontext():
-                    done = _score_group_batch(model, [groups[g] for g in batch], device)
-                for g, group_scores in zip(batch, done, strict=True):
-                    scores[g] = group_scores
-                if progress is not None:
-                    progress(rows)
-                start = end
+            yield
     finally:
         model.train(was_training)
-    return scores
 
 
 def _batch_end(groups, order: list[int], start: int, batch_size: int, context_length: int) -> int:

@@ -77,6 +77,8 @@ def test_bad_groups_and_rows():
         score_groups(model, [(list(range(20)), [[1] * 6])], batch_size=4)
     with pytest.raises(ValueError, match="needs a context and continuations"):
         score_groups(model, [([], [[1]])], batch_size=4)
+    with pytest.raises(ValueError, match="sliding-window model's cache"):
+        score_groups(model_of(position="rope", window=8), [([1], [[2]])], batch_size=4)
     with pytest.raises(ValueError, match="batch_size=0 must be at least 1"):
         score_rows(model, [([1, 2], 1)], batch_size=0)
     with pytest.raises(ValueError, match="row 0 has 2 tokens and 2 to score"):
