@@ -46,10 +46,11 @@ def hellaswag_in_training(model, tokenizer, items: Sequence[Item], device, batch
 
     ``model``: the ``GPT`` being trained, back in its training mode afterwards; ``autocast``:
     e.g. ``fabric.autocast``. By default the scorer calls ``model.hidden_states`` and
-    ``model.lm_head`` (the head only where an ending is scored): pass the plain module (under DDP
-    or ``torch.compile`` its weights are the same). With FSDP, whose weights gather only inside
-    ``forward``, pass the Fabric-wrapped model and ``through_forward=True``. Every rank computes
-    the same numbers from the same items.
+    ``model.lm_head`` (the head only where an ending is scored): pass the plain module
+    (``fabric_model.module``; Fabric refuses calls of methods other than ``forward`` on its DDP
+    wrapper, and the plain module holds the same weights). With FSDP, whose weights gather only
+    inside ``forward``, pass the Fabric-wrapped model and ``through_forward=True`` (every
+    position's logits: slower). Every rank computes the same numbers from the same items.
     """
     result = score_items(model, tokenizer, items, batch_size=batch_size, device=device,
                          autocast=autocast, through_forward=through_forward)
