@@ -46,3 +46,17 @@ def one_line_errors(*also: type[BaseException]):
         message = " ".join(str(e).split())  # one line, whatever the message held
         print(f"error: {message}", file=sys.stderr, flush=True)
         raise SystemExit(USER_ERROR_EXIT_CODE) from None
+
+
+INTERRUPTED_EXIT_CODE = 130  # the shell's code for a process ended by Ctrl-C
+
+
+@contextlib.contextmanager
+def command_line_errors(*also: type[BaseException]):
+    """``one_line_errors`` for a command the user may stop with Ctrl-C: that ends it quietly
+    with status 130 instead of a traceback."""
+    try:
+        with one_line_errors(*also):
+            yield
+    except KeyboardInterrupt:
+        raise SystemExit(INTERRUPTED_EXIT_CODE) from None

@@ -1,0 +1,36 @@
+"""Scoring a checkpoint on benchmarks: HellaSwag completion-style (``minigpt.eval.hellaswag``),
+during training and from the command line, and every other benchmark through
+lm-evaluation-harness (``minigpt.eval.harness``, an optional extra: ``pip install -e '.[eval]'``).
+
+``python -m minigpt.eval task=hellaswag ...`` and ``python -m minigpt.eval harness tasks=...``
+are the commands (``configs/eval.yaml``). The harness module is not imported here: it needs
+``lm_eval``, which a training run does not.
+"""
+
+from minigpt.eval.hellaswag import (
+    HellaSwagError,
+    Item,
+    Result,
+    load_items,
+    read_items,
+    score_items,
+)
+from minigpt.eval.scoring import Score, fit_row, score_groups, score_pairs, score_rows
+from minigpt.eval.training import config_problems, hellaswag_in_training, training_items
+
+__all__ = [
+    "HellaSwagError",
+    "Item",
+    "Result",
+    "Score",
+    "config_problems",
+    "fit_row",
+    "hellaswag_in_training",
+    "load_items",
+    "read_items",
+    "score_items",
+    "score_groups",
+    "score_pairs",
+    "score_rows",
+    "training_items",
+]

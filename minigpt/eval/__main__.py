@@ -1,0 +1,36 @@
+"""``python -m minigpt.eval [harness] [key=value ...]`` (see configs/eval.yaml).
+
+A thin Hydra entry point. ``harness`` as the first argument runs lm-evaluation-harness tasks
+(``task=harness``); ``tasks=a,b`` is taken as a list (Hydra alone would refuse the comma).
+A utility, not a run: Hydra neither changes directory nor writes outputs/ or logs here.
+"""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+
+def harness_arguments(argv: list[str]) -> list[str]:
+    """``harness tasks=a,b`` -> ``task=harness tasks=[a,b]``; other arguments unchanged."""
+    args = list(argv)
+    if args and args[0] == "harness":
+        args[0] = "task=harness"
+    return [f"tasks=[{a[6:]}]" if a.startswith("tasks=") and "," in a
+            and not a[6:].startswith(("[", "'", '"')) else a for a in args]
+
+
+@hydra.main(config_path="../../configs", config_name="eval", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from minigpt.errors import command_line_errors
+    from minigpt.eval.run import run
+
+    # Bad input: one line and exit status 2 (user errors, missing files, downloads, a model
+    # that cannot read the text); other exceptions are bugs and keep their traceback.
+    with command_line_errors(ValueError, OSError):
+        run(cfg)
+
+
+if __name__ == "__main__":
+    sys.argv[1:] = harness_arguments(sys.argv[1:])
+    main()

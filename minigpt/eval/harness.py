@@ -1,0 +1,162 @@
+"""minigpt as a model for lm-evaluation-harness (``lm_eval`` 0.4.x, the ``eval`` extra).
+
+``MiniGPTLM`` answers the harness's three requests with minigpt's own code: ``loglikelihood``
+and ``loglikelihood_rolling`` through the batched scorer (``minigpt.eval.scoring``),
+``generate_until`` through the KV-cached sampler (``minigpt.sampling.generate``, greedy unless a
+task asks for sampling). Tokenization of context/continuation pairs is the harness's own
+(``TemplateLM``: trailing spaces move to the continuation, the pair is encoded whole and split),
+so the log-likelihoods are those of the harness's ``hf`` model on the same weights.
+
+lm_eval's command line only builds models it imports itself; run this one with
+``python -m minigpt.eval harness tasks=...`` or ``run_harness``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+from minigpt.errors import UserError
+
+INSTALL = "pip install -e '.[eval]' (or: pip install 'lm_eval>=0.4,<0.5' accelerate)"
+
+try:
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+except ImportError as e:  # the extra is optional; say how to get it instead of a traceback
+    raise UserError(f"lm-evaluation-harness is not installed ({e.name} missing): {INSTALL}") \
+        from None
+
+
+@register_model("minigpt")
+class MiniGPTLM(TemplateLM):
+    """A minigpt ``GPT`` and its tokenizer as an lm-eval model: give ``model`` and ``tokenizer``,
+    or ``ckpt_path``/``pretrained`` (as ``python -m minigpt.eval`` takes them).
+
+    ``batch_size``: rows per forward pass; ``autocast``: a function returning the context each
+    forward pass runs in (``None``: the model's own dtype); ``max_gen_toks``: the default length
+    of a generation when a task sets none.
+    """
+
+    def __init__(self, model=None, tokenizer=None, *, ckpt_path=None, pretrained=None,
+                 batch_size: int = 16, device: str = "cpu",
+                 autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+                 max_gen_toks: int = 256):
+        super().__init__()
+        if model is None:
+            from minigpt.checkpoint import load_model
+
+            model, tokenizer, _ = load_model(ckpt_path, pretrained)
+        elif tokenizer is None:
+            raise ValueError("MiniGPTLM needs the model's tokenizer with the model")
+        self.model, self.tokenizer_ = model.to(device).eval(), tokenizer
+        self.batch_size, self.device_, self.autocast = int(batch_size), device, autocast
+        self.max_gen_toks = int(max_gen_toks)
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer_.eot_id
+
+    @property
+    def max_length(self) -> int:
+        return self.model.config.context_length
+
+    def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> list[int]:
+        return self.tokenizer_.encode(string)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
+        """``(logprob, is_greedy)`` per ``(key, context_ids, continuation_ids)``; requests with
+        one context (a multiple-choice question) run it once; a pair too long for the model is
+        cut from the left as the harness's ``hf`` model cuts it."""
+        from tqdm import tqdm
+
+        from minigpt.eval.scoring import score_pairs
+
+        with tqdm(total=len(requests), disable=disable_tqdm, desc="loglikelihood") as bar:
+            scores, _ = score_pairs(self.model, [(context, continuation)
+                                                 for _, context, continuation in requests],
+                                    batch_size=self.batch_size, device=self.device_,
+                                    autocast=self.autocast, progress=bar.update)
+        return [(s.logprob, s.greedy) for s in scores]
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Each text's total log-likelihood, in disjoint windows of the model's context (the
+        first conditioned on the end-of-text token), as the harness defines it."""
+        rows, owner = [], []
+        for i, request in enumerate(requests):
+            (text,) = request.args
+            windows = get_rolling_token_windows(self.tok_encode(text), self.prefix_token_id,
+                                                self.max_length, context_len=1)
+            for context, continuation in map(make_disjoint_window, windows):
+                rows.append((context + continuation, len(continuation)))
+                owner.append(i)
+        totals = [0.0] * len(requests)
+        for i, score in zip(owner, self._score(rows, disable_tqdm), strict=True):
+            totals[i] += score.logprob
+        for request, total in zip(requests, totals, strict=True):
+            self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
+        return totals
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Greedy (or sampled, if the task asks) continuations, cut at the first stop string."""
+        from tqdm import tqdm
+
+        return [self._generate(*request.args)
+                for request in tqdm(requests, disable=disable_tqdm, desc="generate_until")]
+
+    def _generate(self, context: str, gen_kwargs: dict) -> str:
+        import torch
+
+        from minigpt.sampling import generate
+
+        kwargs = dict(gen_kwargs)
+        until = kwargs.pop("until", None) or []
+        until = [until] if isinstance(until, str) else list(until)
+        eot_text = self.tokenizer_.decode([self.eot_token_id])
+        until = until + ([eot_text] if eot_text not in until else [])
+        max_new = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
+        temperature = float(kwargs.pop("temperature", 0.0))
+        if not kwargs.pop("do_sample", temperature > 0):  # the harness's hf model reads them so
+            temperature = 0.0  # greedy
+        ids = self.tok_encode(context)[-max(1, self.max_length - max_new):] or [self.eot_token_id]
+        idx = torch.tensor([ids], dtype=torch.long, device=self.device_)
+        with self.autocast() if self.autocast is not None else contextlib.nullcontext():
+            out = generate(self.model, idx, max_new, temperature=temperature,
+                           eos_id=self.eot_token_id, vocab_size=self.tokenizer_.vocab_size)
+        new = out[0, len(ids):].tolist()
+        if self.eot_token_id in new:
+            new = new[:new.index(self.eot_token_id)]
+        text = self.tokenizer_.decode(new)
+        for stop in until:
+            if stop:
+                text = text.split(stop)[0]
+        self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+        return text
+
+    def _score(self, rows, disable_tqdm: bool):
+        from tqdm import tqdm
+
+        from minigpt.eval.scoring import score_rows
+
+        with tqdm(total=len(rows), disable=disable_tqdm, desc="loglikelihood", unit="row") as bar:
+            return score_rows(self.model, rows, batch_size=self.batch_size, device=self.device_,
+                              autocast=self.autocast, progress=bar.update)
+
+
+def run_harness(lm: MiniGPTLM, tasks: list[str], *, num_fewshot: int | None = None,
+                limit: int | None = None, include_path=None, task_manager=None) -> dict:
+    """``lm_eval.simple_evaluate`` on ``lm`` for ``tasks`` (names, or tasks in YAML files under
+    ``include_path``; or those of a ready ``task_manager``); its results dict, without
+    per-sample logs."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    manager = task_manager or TaskManager(
+        include_path=str(include_path) if include_path is not None else None)
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        raise UserError(f"lm_eval knows no task {', '.join(map(repr, unknown))}; `lm_eval ls "
+                        "tasks` lists them (a task of your own: include_path=DIR of task YAMLs)")
+    return simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
+                           task_manager=manager, log_samples=False)

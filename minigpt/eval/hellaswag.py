@@ -1,0 +1,184 @@
+"""HellaSwag, scored completion-style (as build-nanogpt and llm.c do).
+
+Each item is a context and four endings; the row ``context + " " + ending`` is tokenized and only
+the ending's tokens are scored. ``acc`` picks the ending with the highest summed log-probability
+(the lowest summed loss), ``acc_norm`` the one with the highest mean per token, so long endings
+are not penalized for their length. lm-evaluation-harness scores the same items differently (an
+``activity_label: `` prefix, cleaned WikiHow text, normalization per character), so its numbers
+are close to these but not the same; use ``minigpt.eval.harness`` for its version.
+
+Items come from a local file in HellaSwag's own jsonl format or from its published validation
+file, downloaded once and cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from minigpt.errors import UserError, first_line
+from minigpt.eval.scoring import Score, score_pairs
+from minigpt.files import atomic_write
+
+VALIDATION_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
+VALIDATION_FILE = "hellaswag_val.jsonl"
+VALIDATION_ITEMS = 10042
+FORMAT = ("a HellaSwag item is one JSON object per line with ctx (or ctx_a and ctx_b), "
+          "endings (4 strings) and label (0-3)")
+
+
+class HellaSwagError(UserError, ValueError):
+    """A HellaSwag file or download that cannot be used; the message names the line and the fix."""
+
+
+@dataclass(frozen=True)
+class Item:
+    context: str
+    endings: tuple[str, ...]
+    label: int
+
+
+@dataclass
+class Result:
+    """Accuracy by summed (``acc``) and mean (``acc_norm``) log-probability of ``n`` items;
+    ``choices``: each item's ending by ``acc_norm``, in item order; ``truncated``: items whose
+    context was cut from the left to fit the model's context."""
+
+    acc: float
+    acc_norm: float
+    n: int
+    truncated: int
+    choices: list[int] = field(repr=False)
+
+    def to_dict(self) -> dict:
+        return {"task": "hellaswag", "acc": self.acc, "acc_norm": self.acc_norm, "n": self.n,
+                "truncated": self.truncated, "choices": self.choices}
+
+
+def read_items(path, limit: int | None = None) -> list[Item]:
+    """The first ``limit`` items (all with ``None``) of a HellaSwag jsonl file, checked line by
+    line: a bad line raises ``HellaSwagError`` naming the file, the line and the field."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"HellaSwag file {path} not found; give path=FILE.jsonl in "
+                                "HellaSwag's format, or path=null to download the validation set")
+    items = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if limit is not None and len(items) >= limit:
+                break
+            if line.strip():
+                items.append(_parse_item(line, f"{path}:{number}"))
+    if not items:
+        raise HellaSwagError(f"{path} holds no items; {FORMAT}")
+    return items
+
+
+def _parse_item(line: str, where: str) -> Item:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise HellaSwagError(f"{where}: not JSON ({e.msg}); {FORMAT}") from None
+    if not isinstance(record, dict):
+        raise HellaSwagError(f"{where}: a JSON {type(record).__name__}, not an object; {FORMAT}")
+    if isinstance(record.get("ctx"), str):
+        context = record["ctx"]
+    elif isinstance(record.get("ctx_a"), str) and isinstance(record.get("ctx_b"), str):
+        context = f"{record['ctx_a']} {record['ctx_b']}".strip()
+    else:
+        raise HellaSwagError(f"{where}: no 'ctx' text (nor 'ctx_a' and 'ctx_b'); {FORMAT}")
+    endings = record.get("endings")
+    if not isinstance(endings, list) or not all(isinstance(e, str) for e in endings):
+        raise HellaSwagError(f"{where}: no 'endings' list of strings; {FORMAT}")
+    if len(endings) != 4:
+        raise HellaSwagError(f"{where}: 'endings' has {len(endings)} entries, a HellaSwag item "
+                             "has exactly 4")
+    label = record.get("label")
+    if isinstance(label, str) and label.strip().isdigit():  # the hub dataset stores "0".."3"
+        label = int(label)
+    if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < 4:
+        raise HellaSwagError(f"{where}: 'label' is {label!r}, it must be 0, 1, 2 or 3 (the "
+                             "index of the right ending)")
+    return Item(context, tuple(endings), label)
+
+
+def download_validation(cache_dir, url: str = VALIDATION_URL) -> Path:
+    """HellaSwag's validation file in ``cache_dir``, downloaded from ``url`` the first time
+    (written atomically, so an interrupted download is never mistaken for the file)."""
+    target = Path(cache_dir) / VALIDATION_FILE
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+
+    def fetch(tmp: Path) -> None:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            tmp.write_bytes(response.read())
+
+    try:
+        atomic_write(target, fetch)
+    except OSError as e:  # URLError, timeouts and refused connections are all OSErrors
+        raise HellaSwagError(f"cannot download HellaSwag's validation set from {url} "
+                             f"({first_line(e)}); without a network, copy {VALIDATION_FILE} to "
+                             f"{target} or pass a local file with path=FILE.jsonl") from None
+    return target
+
+
+def load_items(path=None, limit: int | None = None, cache_dir="data/eval") -> list[Item]:
+    """Items from ``path`` (HellaSwag jsonl), or with ``path=None`` from the validation set
+    (downloaded once into ``cache_dir``); the first ``limit`` of them, all with ``None``."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise HellaSwagError(f"limit={limit!r} must be a positive integer or null (all items)")
+    return read_items(download_validation(cache_dir) if path is None else path, limit)
+
+
+def item_scores(model, tokenizer, items: Sequence[Item], *, batch_size: int = 16, device="cpu",
+                autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+                progress: Callable[[int], None] | None = None,
+                through_forward: bool = False) -> tuple[list[list[Score]], int]:
+    """The four endings' ``Score``s of each item (``score_pairs``: each context runs once), and
+    how many items had their context cut from the left to fit the model. ``batch_size``: items
+    per forward pass; ``progress(k)``: after each batch of ``k`` endings."""
+    pairs = []
+    for item in items:
+        context = tokenizer.encode(item.context)
+        pairs += [(context, tokenizer.encode(" " + ending)) for ending in item.endings]
+    scores, cut = score_pairs(model, pairs, batch_size=4 * batch_size, device=device,
+                              autocast=autocast, progress=progress,
+                              through_forward=through_forward)
+    return ([scores[i:i + 4] for i in range(0, len(pairs), 4)],
+            sum(any(cut[i:i + 4]) for i in range(0, len(pairs), 4)))
+
+
+def score_items(model, tokenizer, items: Sequence[Item], *, batch_size: int = 16, device="cpu",
+                autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+                progress: bool = False, through_forward: bool = False) -> Result:
+    """Score ``items`` with ``model`` (a ``GPT``); ``batch_size`` items (four rows each) per
+    forward pass. See ``score_rows`` for ``autocast`` and ``through_forward``; ``progress``
+    shows a bar on stderr."""
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=4 * len(items), desc="hellaswag endings", unit="ending")
+    try:
+        scores, truncated = item_scores(
+            model, tokenizer, items, batch_size=batch_size, device=device, autocast=autocast,
+            progress=None if bar is None else bar.update, through_forward=through_forward)
+    finally:
+        if bar is not None:
+            bar.close()
+    right = right_norm = 0
+    choices = []
+    for four, item in zip(scores, items, strict=True):
+        by_sum = max(range(4), key=lambda k: four[k].logprob)
+        by_mean = max(range(4), key=lambda k: four[k].logprob / four[k].tokens)
+        right += by_sum == item.label
+        right_norm += by_mean == item.label
+        choices.append(by_mean)
+    n = len(items)
+    return Result(right / n, right_norm / n, n, truncated, choices)
+

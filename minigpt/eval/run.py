@@ -1,0 +1,133 @@
+"""What ``python -m minigpt.eval`` runs: load a model, score it, print a table, write JSON.
+
+Results go to stdout (the table) and ``out``; progress and diagnostics to stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Callable
+
+from omegaconf import DictConfig
+
+from minigpt.errors import UserError
+
+TASKS = ("hellaswag", "harness")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def run(cfg: DictConfig, out=None) -> dict:
+    """Score the model ``cfg`` names on ``cfg.task``; print the table to ``out`` (stdout), write
+    ``cfg.out``; return what was written."""
+    out = out or sys.stdout
+    _check_options(cfg)
+    if cfg.task == "hellaswag":  # read the items before the model: a bad file fails at once
+        from minigpt.eval.hellaswag import load_items
+
+        items = load_items(cfg.path, cfg.limit, cfg.cache_dir)
+    else:
+        tasks = _task_list(cfg.tasks)
+        from minigpt.eval.harness import MiniGPTLM, run_harness  # fails here without lm_eval
+    model, tokenizer, source, device, autocast = _load(cfg)
+    if cfg.task == "hellaswag":
+        from minigpt.eval.hellaswag import score_items
+
+        result = {"source": source, **score_items(
+            model, tokenizer, items, batch_size=cfg.batch_size, device=device, autocast=autocast,
+            progress=cfg.progress).to_dict()}
+        out.write(hellaswag_table(result) + "\n")
+    else:
+        lm = MiniGPTLM(model, tokenizer, batch_size=cfg.batch_size, device=device,
+                       autocast=autocast, max_gen_toks=cfg.max_gen_toks)
+        results = run_harness(lm, tasks, num_fewshot=cfg.num_fewshot,
+                              limit=cfg.limit, include_path=cfg.include_path)
+        from lm_eval.utils import make_table
+
+        out.write(make_table(results) + "\n")
+        result = {"source": source, **{k: results[k] for k in ("results", "versions", "n-shot",
+                                                                "config") if k in results}}
+    out.flush()
+    if cfg.out is not None:
+        _write_json(cfg.out, result)
+    return result
+
+
+def hellaswag_table(result: dict) -> str:
+    """A two-line table of a HellaSwag result."""
+    return (f"{'task':<10} {'n':>6} {'acc':>7} {'acc_norm':>9} {'truncated':>10}\n"
+            f"{'hellaswag':<10} {result['n']:>6} {result['acc']:>7.4f} "
+            f"{result['acc_norm']:>9.4f} {result['truncated']:>10}")
+
+
+def _load(cfg: DictConfig):
+    """``(model, tokenizer, source, device, autocast)``: the model on its device, and the
+    autocast its forward passes run in (``None``: float32)."""
+    import torch
+
+    from minigpt.checkpoint import load_model
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" \
+        else str(cfg.device)
+    on_gpu = device.startswith("cuda")
+    dtype = cfg.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if on_gpu and torch.cuda.is_bf16_supported() else "float32"
+    model, tokenizer, source = load_model(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise UserError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens but the "
+                        f"model only {model.config.vocab_size}")
+    model.to(device)
+    if on_gpu:
+        torch.set_float32_matmul_precision("high")
+    autocast: Callable[[], contextlib.AbstractContextManager] | None = None
+    if dtype != "float32":
+        autocast = lambda: torch.autocast(device.split(":")[0], getattr(torch, dtype))  # noqa: E731
+    print(f"{source}: {model.num_params() / 1e6:.2f}M parameters, tokenizer {tokenizer.name!r}, "
+          f"context {model.config.context_length}, {device} {dtype}", file=sys.stderr, flush=True)
+    return model, tokenizer, source, device, autocast
+
+
+def _task_list(tasks) -> list[str]:
+    """Task names from ``tasks=a,b`` (a string) or ``tasks=[a,b]`` (a list)."""
+    names = tasks.split(",") if isinstance(tasks, str) else list(tasks or [])
+    names = [str(n).strip() for n in names if str(n).strip()]
+    if not names:
+        raise UserError("harness needs tasks: python -m minigpt.eval harness "
+                        "tasks=lambada_openai,arc_easy (`lm_eval ls tasks` lists them)")
+    return names
+
+
+def _check_options(cfg: DictConfig) -> None:
+    problems = []
+    if cfg.task not in TASKS:
+        problems.append(f"task={cfg.task!r} must be one of {TASKS}")
+    if cfg.dtype not in DTYPES:
+        problems.append(f"dtype={cfg.dtype!r} must be one of {DTYPES}")
+    for name, low in (("batch_size", 1), ("max_gen_toks", 1)):
+        value = cfg[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            problems.append(f"{name}={value!r} must be an integer >= {low}")
+    if cfg.limit is not None and (isinstance(cfg.limit, bool) or not isinstance(cfg.limit, int)
+                                  or cfg.limit < 1):
+        problems.append(f"limit={cfg.limit!r} must be a positive integer or null (all)")
+    if cfg.ckpt_path is not None and cfg.pretrained is not None:
+        problems.append("give ckpt_path or pretrained, not both")
+    if cfg.task == "hellaswag" and cfg.tasks is not None:
+        problems.append("tasks= is for the harness: python -m minigpt.eval harness tasks=...")
+    if problems:
+        raise UserError("; ".join(problems))
+
+
+def _write_json(path, result: dict) -> None:
+    from pathlib import Path
+
+    from minigpt.files import atomic_write
+
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"out={path}: the directory {path.parent} does not exist")
+    text = json.dumps(result, indent=1, default=str) + "\n"
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    print(f"wrote {path}", file=sys.stderr, flush=True)

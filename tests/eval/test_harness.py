@@ -1,0 +1,137 @@
+"""The lm-eval model against lm-eval's own HFLM on the same exported weights: equal
+log-likelihoods (within 1e-4), equal accuracy on a local task, equal greedy generations."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import pytest
+from eval_helpers import eval_config, gpt2_tokenizer, hf_model, tiny_model, write_items
+
+pytest.importorskip("lm_eval")
+pytest.importorskip("accelerate")
+
+from lm_eval import simple_evaluate  # noqa: E402
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.models.huggingface import HFLM  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+
+from minigpt.errors import UserError  # noqa: E402
+from minigpt.eval.harness import MiniGPTLM, run_harness  # noqa: E402
+from minigpt.eval.run import run  # noqa: E402
+from minigpt.tokenizer import get_tokenizer  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TASK = """task: minigpt_tiny_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    validation: {data}
+validation_split: validation
+output_type: multiple_choice
+doc_to_text: "{{{{ctx}}}}"
+doc_to_target: "{{{{label}}}}"
+doc_to_choice: "{{{{endings}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(ours, HFLM) on one tiny model of context 16, so that long requests are cut and rolling
+    log-likelihoods take several windows."""
+    directory = tmp_path_factory.mktemp("harness")
+    model = tiny_model(context_length=16)
+    hf = hf_model(model, directory / "hf")
+    ours = MiniGPTLM(model, get_tokenizer("gpt2"), batch_size=5)
+    theirs = HFLM(pretrained=hf, tokenizer=gpt2_tokenizer(), batch_size=3, device="cpu")
+    return ours, theirs, directory
+
+
+def _task_dir(directory):
+    records = write_items(directory / "items.jsonl")
+    lines = [json.dumps({"ctx": r.get("ctx") or f"{r['ctx_a']} {r['ctx_b']}",
+                         "endings": r["endings"], "label": int(r["label"])}) for r in records]
+    (directory / "items.json").write_text("\n".join(lines) + "\n")
+    tasks = directory / "tasks"
+    tasks.mkdir(exist_ok=True)
+    (tasks / "tiny.yaml").write_text(TASK.format(data=directory / "items.json"))
+    return tasks
+
+
+def test_local_task_matches_hflm(pair):
+    ours, theirs, directory = pair
+    manager = TaskManager(include_path=str(_task_dir(directory)), include_defaults=False)
+    runs = [simple_evaluate(model=lm, tasks=["minigpt_tiny_mc"], task_manager=manager,
+                            log_samples=True) for lm in (ours, theirs)]
+    (a, b) = [[float(resp[0][0]) for s in r["samples"]["minigpt_tiny_mc"] for resp in s["resps"]]
+              for r in runs]
+    assert len(a) == 4 * 12
+    assert a == pytest.approx(b, abs=1e-4)
+    metrics = [{k: v for k, v in r["results"]["minigpt_tiny_mc"].items()
+                if k in ("acc,none", "acc_norm,none")} for r in runs]
+    assert metrics[0] == metrics[1] and len(metrics[0]) == 2
+    again = run_harness(ours, ["minigpt_tiny_mc"], task_manager=manager, limit=4)
+    assert again["results"]["minigpt_tiny_mc"]["acc,none"] is not None
+    with pytest.raises(UserError, match="lm_eval knows no task 'no_such_task'"):
+        run_harness(ours, ["no_such_task"], task_manager=manager)
+
+
+def _requests(kind, args):
+    return [Instance(request_type=kind, doc={}, arguments=a, idx=i) for i, a in enumerate(args)]
+
+
+def test_loglikelihood_edge_cases_match_hflm(pair):
+    ours, theirs, _ = pair
+    args = [("", "Hello world"), ("The cat sat on the ", "mat."),
+            ("A very long context " * 8, " that is cut from the left"),
+            ("Short", " but the continuation alone runs longer than sixteen tokens, many more")]
+    a, b = (lm.loglikelihood(_requests("loglikelihood", args)) for lm in (ours, theirs))
+    assert [x for x, _ in a] == pytest.approx([x for x, _ in b], abs=1e-4)
+    assert [g for _, g in a] == [g for _, g in b]
+
+
+def test_loglikelihood_rolling_matches_hflm(pair):
+    ours, theirs, _ = pair
+    texts = [("One short line.",), ("A longer text that needs several windows of sixteen "
+                                    "tokens to be scored, every token exactly once. " * 3,)]
+    a, b = (lm.loglikelihood_rolling(_requests("loglikelihood_rolling", texts))
+            for lm in (ours, theirs))
+    assert a == pytest.approx(b, abs=1e-4)
+
+
+def test_generate_until_matches_hflm_greedy(pair):
+    ours, theirs, _ = pair
+    args = [("The weather today is", {"until": ["\n"], "max_gen_toks": 6, "do_sample": False}),
+            ("Once upon a time", {"until": ["the"], "max_gen_toks": 8})]
+    a = ours.generate_until(_requests("generate_until", args))
+    b = theirs.generate_until(_requests("generate_until", args))
+    assert a == b and len(a) == 2 and any(a)
+
+
+def test_command_runs_a_local_task(pair, tmp_path, capsys):
+    _, _, directory = pair
+    tasks = _task_dir(directory)
+    out = tmp_path / "harness.json"
+    result = run(eval_config("task=harness", "tasks=[minigpt_tiny_mc]", f"include_path={tasks}",
+                             f"pretrained={directory / 'hf'}", "limit=4", f"out={out}"))
+    assert "minigpt_tiny_mc" in capsys.readouterr().out  # lm-eval's table
+    written = json.loads(out.read_text())
+    assert written["results"]["minigpt_tiny_mc"]["acc,none"] == \
+        result["results"]["minigpt_tiny_mc"]["acc,none"]
+
+
+def test_missing_lm_eval_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "lm_eval.api.model", None)
+    monkeypatch.delitem(sys.modules, "minigpt.eval.harness")
+    with pytest.raises(UserError, match=r"not installed.*pip install -e '\.\[eval\]'"):
+        importlib.import_module("minigpt.eval.harness")

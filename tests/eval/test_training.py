@@ -1,0 +1,73 @@
+"""What the training loop uses: the ``eval:`` config block, its checks, the items it loads, and
+``hellaswag_in_training`` on a tiny model (plain, bf16 autocast, through a forward-only wrapper)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from eval_helpers import ROOT, tiny_model, write_items
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from minigpt.eval import config_problems, hellaswag_in_training, score_items, training_items
+from minigpt.tokenizer import get_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def train_config(*overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def test_off_for_the_toy_run_on_for_gpt2_owt(tmp_path):
+    toy, owt = train_config(), train_config("experiment=gpt2_owt")
+    assert toy.eval.every == 0 and training_items(toy.eval, tmp_path) is None
+    assert owt.eval.every == 1 and owt.eval.limit is None
+    assert config_problems(toy.eval) == config_problems(owt.eval) == []
+
+
+def test_items_honour_path_and_limit(tmp_path):
+    write_items(tmp_path / "hs.jsonl")
+    cfg = train_config("eval.every=2", "eval.limit=5", f"eval.path={tmp_path / 'hs.jsonl'}").eval
+    assert len(training_items(cfg, tmp_path / "data")) == 5
+    cached = tmp_path / "data" / "eval" / "hellaswag_val.jsonl"  # path: null reads the cache
+    cached.parent.mkdir(parents=True)
+    write_items(cached, n=7)
+    cfg = train_config("eval.every=1", "eval.limit=null").eval
+    assert len(training_items(cfg, tmp_path / "data")) == 7
+
+
+def test_config_problems_listed_together():
+    bad = OmegaConf.create({"every": -1, "limit": 0, "path": None, "batch_size": "x"})
+    assert config_problems(bad) == [
+        "eval.every=-1 must be an integer >= 0", "eval.batch_size='x' must be an integer >= 1",
+        "eval.limit=0 must be a positive integer or null (all items)"]
+
+
+class ForwardOnly(torch.nn.Module):
+    """Exposes ``forward`` and ``config`` only, as a Fabric-wrapped FSDP model is safely used."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner, self.config = model, model.config
+
+    def forward(self, idx):
+        return self.inner(idx)
+
+
+def test_in_training_metric(tmp_path):
+    write_items(tmp_path / "hs.jsonl")
+    items = training_items(OmegaConf.create({"every": 1, "limit": 6, "path":
+                                             str(tmp_path / "hs.jsonl")}), tmp_path)
+    model, tok = tiny_model().train(), get_tokenizer("gpt2")
+    plain = hellaswag_in_training(model, tok, items, "cpu", batch_size=2)
+    assert model.training and set(plain) == {"eval/hellaswag_acc", "eval/hellaswag_acc_norm"}
+    expected = score_items(model.eval(), tok, items)
+    assert plain == {"eval/hellaswag_acc": expected.acc, "eval/hellaswag_acc_norm": expected.acc_norm}
+    wrapped = ForwardOnly(model).train()
+    assert hellaswag_in_training(wrapped, tok, items, "cpu", batch_size=4,
+                                 through_forward=True) == plain and wrapped.training
+    bf16 = hellaswag_in_training(model, tok, items, "cpu", batch_size=2,
+                                 autocast=lambda: torch.autocast("cpu", torch.bfloat16))
+    assert all(0.0 <= v <= 1.0 for v in bf16.values())
