@@ -125,6 +125,16 @@ class SampleSchema:
 
 
 @dataclass
+class EvalSchema:
+    """``eval:`` of ``configs/train.yaml``: HellaSwag at validations (``minigpt.eval``)."""
+
+    every: int = 0  # every N validations; 0: off
+    limit: int | None = 1000  # the first N items; None: all
+    path: str | None = None  # a HellaSwag jsonl file; None: the validation set, downloaded once
+    batch_size: int = 16
+
+
+@dataclass
 class TrainSchema:
     """``configs/train.yaml``'s own keys; the groups bring theirs."""
 
@@ -134,6 +144,7 @@ class TrainSchema:
     trainer: TrainerSchema = field(default_factory=TrainerSchema)
     logger: LoggerSchema = field(default_factory=LoggerSchema)
     sample: SampleSchema = field(default_factory=SampleSchema)
+    eval: EvalSchema = field(default_factory=EvalSchema)
     seed: int = 1337
     compile: Any = "auto"  # auto | true | false
     ckpt_path: str | None = None

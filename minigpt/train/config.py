@@ -8,6 +8,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from minigpt.errors import ConfigError
+from minigpt.eval.training import config_problems
 from minigpt.model import GPTConfig
 from minigpt.train.plan import batch_plan
 
@@ -72,6 +73,7 @@ def check_config(cfg: DictConfig) -> None:
         value, low = cfg.data.get(key), 0 if key == "num_workers" else 1  # null: not set
         if value is not None and (not isinstance(value, int) or value < low):
             problems.append(f"data.{key}={value!r} must be an integer >= {low}")
+    problems += config_problems(cfg.eval) if "eval" in cfg else []
     problems += _device_problems(t)
     problems += _batch_problems(cfg)
     model = OmegaConf.to_container(cfg.model, resolve=True)

@@ -24,12 +24,13 @@ from torch import nn
 from tqdm import tqdm
 
 from minigpt.data import TokenDataModule
+from minigpt.eval.training import hellaswag_in_training
 from minigpt.model import GPT
 from minigpt.train.checkpoints import BEST, LAST, CheckpointFiles, training_state
 from minigpt.train.interrupt import StopRequest
 from minigpt.train.plan import RunPlan
 from minigpt.train.rng import set_rng_state
-from minigpt.train.sample import Sampler
+from minigpt.train.sample import Sampler, gathered_parameters
 
 
 class ModelWithLoss(nn.Module):
@@ -83,6 +84,11 @@ class Loop:
     target_val_loss: float | None = None  # report the steps, tokens and time it took
     stop_at_target: bool = False
     target: dict | None = None  # what reaching target_val_loss took, once it has
+    eval_items: list | None = None  # HellaSwag items scored every eval_every validations
+    eval_every: int = 0
+    eval_batch_size: int = 16
+    eval_metrics: dict = field(default_factory=dict)  # the latest scores
+    validations: int = 0
     progress_bar: bool = True
     progress: Progress = field(default_factory=Progress)
     pending_rng: dict | None = None  # restored once the training batches are ready
@@ -207,6 +213,9 @@ class Loop:
         if self.fabric.is_global_zero:
             bar.write(f"step {step}: val/loss {loss:.4f}")
         self.check_target(loss, step)
+        self.validations += 1
+        if self.eval_items and self.validations % self.eval_every == 0:
+            self.evaluate(step)
         self.sample(step)
         best = self.progress.best_val_loss
         improved = best is None or loss < best
@@ -219,6 +228,15 @@ class Loop:
             self.checkpoints.link_last_to_best()
         else:
             self.checkpoints.write(LAST, state)
+
+    def evaluate(self, step: int) -> None:
+        """HellaSwag on ``eval_items`` (every rank the same numbers; under FSDP with every
+        weight gathered for the scorer), logged as ``eval/hellaswag_acc``, ``_acc_norm``."""
+        with gathered_parameters(self.module, recurse=True):
+            self.eval_metrics = hellaswag_in_training(
+                self.model, self.sampler.tokenizer, self.eval_items, self.fabric.device,
+                batch_size=self.eval_batch_size, autocast=self.fabric.autocast)
+        self.log(self.eval_metrics, step)
 
     def check_target(self, loss: float, step: int) -> None:
         """At the first validation at or below ``target_val_loss``: what it took, printed,

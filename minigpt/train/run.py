@@ -30,6 +30,7 @@ from minigpt.consolidate import consolidate
 from minigpt.cpu import speed_up_training
 from minigpt.data import DataConfig, TokenDataModule, check_vocab_fits, open_tokens, prepare_dataset
 from minigpt.errors import ConfigError
+from minigpt.eval.training import training_items
 from minigpt.model import GPT
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
 from minigpt.train.checkpoints import LAST, CheckpointFiles, restore
@@ -205,6 +206,8 @@ def build_loop(cfg: DictConfig, fabric: Fabric, plan: RunPlan, setup: Setup, run
         peak_flops=cfg.get("peak_flops"),
         progress_bar=bool(t.get("enable_progress_bar", True)),
         target_val_loss=t.get("target_val_loss"), stop_at_target=bool(t.get("stop_at_target")),
+        eval_items=training_items(cfg.eval, Path(cfg.data_root).expanduser()),
+        eval_every=cfg.eval.every, eval_batch_size=cfg.eval.batch_size,
     )
 
 
@@ -262,6 +265,7 @@ def finish(fabric: Fabric, loop: Loop, run_dir: Path) -> dict:
         "val_loss": loop.progress.val_loss,
         "steps": loop.progress.global_step,
         **({"target": loop.target} if loop.target_val_loss is not None else {}),
+        **loop.eval_metrics,
     }
     if fabric.is_global_zero:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -559,3 +559,20 @@ def test_muon_and_wsd_train_and_resume_exactly_and_report_the_target(tmp_path, d
     with pytest.raises(ConfigError, match=r"trained with optimizer\(s\) \['muon', 'optimizer'\]"):
         run(tiny_cfg(data_root, "trainer.max_steps=9", f"ckpt_path={full['last']}"),
             tmp_path / "adamw")
+
+
+def test_hellaswag_in_training_reaches_the_csv_log_and_summary(tmp_path, data_root):
+    """eval.every=1 on a local HellaSwag-format file (characters of the char tokenizer)."""
+    items = tmp_path / "hellaswag.jsonl"
+    rows = [{"ctx": "the king is dead and", "endings": ["long live the king.", "the sea is wide.",
+                                                         "a horse, a horse.", "to be or not."],
+             "label": i % 4} for i in range(6)]
+    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = run(tiny_cfg(data_root, "logger=csv", "trainer.max_steps=4", "eval.every=1",
+                           f"eval.path={items}", "eval.batch_size=4"), tmp_path / "run")
+    logged = [r for r in csv.DictReader((tmp_path / "run" / "csv" / "metrics.csv").open())
+              if r.get("eval/hellaswag_acc")]
+    assert [int(r["step"]) for r in logged] == [4]  # at the one validation
+    for key in ("eval/hellaswag_acc", "eval/hellaswag_acc_norm"):
+        assert 0.0 <= summary[key] <= 1.0 and float(logged[0][key]) == summary[key]
+        assert summary[key] * 6 == round(summary[key] * 6)  # a count of 6 items
