@@ -51,6 +51,21 @@ def test_greedy_tokens_match_eager_and_uncached_decoding(name, crop_to):
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
+def test_compiled_decoder_matches_eager_and_uncached_decoding(name):
+    """The compiled decoder (``GPT.forward`` over the fixed-shape cache, as generate.py runs it on
+    a GPU; here inductor on the CPU) decodes the tokens of the eager decoder and of no cache, for
+    one row and a left-padded batch, 40 tokens past the context (crops, refills, ring wraps)."""
+    torch._dynamo.reset()
+    model = tiny(name)
+    for idx, mask in ((torch.tensor([[3, 1, 4, 1, 5]]), None), _prompts()):
+        kwargs = dict(temperature=0, key_padding_mask=mask)
+        uncached = generate(model, idx, 40, use_cache=False, **kwargs)
+        assert torch.equal(generate(model, idx, 40, **kwargs), uncached)
+        decoder = StaticDecoder(model, idx.shape[0], compile=True)
+        assert torch.equal(generate(model, idx, 40, decoder=decoder, **kwargs), uncached)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
 def test_step_logits_match_the_eager_cache(name):
     model = tiny(name)
     idx, mask = _prompts()
