@@ -27,6 +27,8 @@ from torch import Tensor
 
 from minigpt.window import window_mask
 
+Context = tuple[Tensor, Tensor, "Tensor | None"]  # keys, values, mask a layer's queries attend with
+
 
 class KVCache:
     """Keys/values of ``num_layers`` layers for ``batch_size`` rows, ``capacity`` tokens each.
@@ -165,19 +167,17 @@ class KVCache:
             mask = mask & ~keys_padding[:, None, None, :]
         return n, mask
 
-    def _write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None] | None:
+    def _write(self, layer: int, k: Tensor, v: Tensor) -> Context | None:
         """Store layer ``layer``'s new keys/values k, v (B, h, T, hd) in their slots; return the
         keys, values (B, h, L, hd) and mask (True = may attend; None: all) the T queries attend
         over, or None when nothing was cached before them (they attend among themselves)."""
         keys, values = self.keys[layer], self.values[layer]
         T = k.shape[2]
-        if T == 1 and not self.sliced:  # the whole buffer, as a captured graph needs
-            keys.index_copy_(2, self.slot, k)
-            values.index_copy_(2, self.slot, v)
-            return keys, values, self.visible[:, None, None, :]
         if T == 1:
             keys.index_copy_(2, self.slot, k)
             values.index_copy_(2, self.slot, v)
+            if not self.sliced:  # the whole buffer, as a captured graph needs
+                return keys, values, self.visible[:, None, None, :]  # mask (B, 1, 1, S)
             n, mask = self._step
             return keys[:, :, :n], values[:, :, :n], mask
         slots, keep, chunk = self._step
@@ -209,7 +209,7 @@ class LayerCache:
         return self.cache.total_after(T if self.index == 0 else 0)
 
     def update(self, k: Tensor, v: Tensor, padding: Tensor | None,
-               position_ids: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None] | None:
+               position_ids: Tensor | None) -> Context | None:
         """Write this layer's new keys/values (see ``KVCache._write``); the first layer also
         records where the new tokens go, for every layer."""
         if self.index == 0:
