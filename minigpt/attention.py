@@ -141,11 +141,11 @@ class MultiHeadAttention(nn.Module):
         (a sequence no longer than the window is plain causal attention)."""
         if self.window is not None and q.shape[2] > self.window:
             return banded_attention(q, k, v, self.window, padding, dropout_p, self._sdpa)
-        mask, empty_rows = _attention_mask(q.shape[2], padding)
-        if mask is None:  # plain causal path: no T x T tensor; one query needs no mask at all
+        if padding is None:  # plain causal path: no T x T tensor; one query needs no mask at all
             return self._sdpa(q, k, v, dropout_p=dropout_p, is_causal=q.shape[2] > 1)
-        y = self._sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        return y if empty_rows is None else y.masked_fill(empty_rows, 0.0)
+        positions = torch.arange(q.shape[2], device=q.device)
+        mask = window_mask(positions, positions, None) & ~padding[:, None, None, :]  # (B,1,T,T)
+        return self._masked_attention(q, k, v, mask, dropout_p)
 
     def _cached_attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
                           dropout_p: float) -> Tensor:
@@ -153,6 +153,12 @@ class MultiHeadAttention(nn.Module):
         token always sees itself, so only a chunk's rows can be empty."""
         if mask is None or q.shape[2] == 1:
             return self._sdpa(q, keys, values, attn_mask=mask, dropout_p=dropout_p)
+        return self._masked_attention(q, keys, values, mask, dropout_p)
+
+    def _masked_attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor,
+                          dropout_p: float) -> Tensor:
+        """Attention under ``mask`` (True = may attend); a query with no visible key returns
+        zeros (softmax kept finite, never NaN)."""
         mask, empty_rows = finite_rows(mask)
         y = self._sdpa(q, keys, values, attn_mask=mask, dropout_p=dropout_p)
         return y if empty_rows is None else y.masked_fill(empty_rows, 0.0)
@@ -287,21 +293,6 @@ def check_context_fits(tokens: int, context_length: int) -> None:
     if tokens > context_length:
         raise ValueError(f"{tokens} tokens exceed context_length={context_length}; "
                          "crop the input to the last context_length tokens")
-
-
-def _attention_mask(T: int, padding: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-    """Boolean mask (True = may attend) for T causal queries over their own keys, with
-    ``padding`` (B, T) True at padded keys.
-
-    Returns (None, None) when ``is_causal`` is exact, so the common path builds nothing.
-    ``empty_rows`` (B, 1, T, 1) marks queries with no visible key; they are allowed one key to
-    keep softmax finite and are zeroed afterwards.
-    """
-    if padding is None:
-        return None, None
-    positions = torch.arange(T, device=padding.device)
-    mask = window_mask(positions, positions, None)  # (T, T)
-    return finite_rows(mask & ~padding[:, None, None, :])  # (B, 1, T, T), (B, 1, T, 1) or None
 
 
 def _fuse_book_state_dict(module, state_dict, prefix, *args) -> None:

@@ -140,7 +140,9 @@ class KVCache:
             return
         self._length = start + 1
         n = min(start + 1, self.capacity)
-        self._step = (n, ~self.padding[:, None, None, :n] if self._padded else None)
+        fresh = start == 0  # attends to itself alone: the layer's own path (even if padding)
+        self._step = None if fresh else (n, ~self.padding[:, None, None, :n] if self._padded
+                                         else None)
 
     def _check_room(self, tokens: int) -> None:
         if not self.ring and tokens > self.capacity:
@@ -178,6 +180,8 @@ class KVCache:
             values.index_copy_(2, self.slot, v)
             if not self.sliced:  # the whole buffer, as a captured graph needs
                 return keys, values, self.visible[:, None, None, :]  # mask (B, 1, 1, S)
+            if self._step is None:
+                return None
             n, mask = self._step
             return keys[:, :, :n], values[:, :, :n], mask
         slots, keep, chunk = self._step
