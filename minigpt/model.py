@@ -254,6 +254,11 @@ class GPT(nn.Module):
             return self.tok_emb(idx)
         return self.tok_emb(idx) + self.pos_emb(position_ids)
 
+    def attention_layers(self) -> list[MultiHeadAttention]:
+        """Every block's attention, in order: what inspection (attention maps) hooks into, so
+        that no code outside this module depends on how a ``Block`` is put together."""
+        return [block.attn for block in self.blocks]
+
     @property
     def unbounded(self) -> bool:
         """Rotary positions with a sliding window: any length runs, with a bounded KV cache, so
