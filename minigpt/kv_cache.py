@@ -174,6 +174,7 @@ class KVCache:
         keys, values (B, h, L, hd) and mask (True = may attend; None: all) the T queries attend
         over, or None when nothing was cached before them (they attend among themselves)."""
         keys, values = self.keys[layer], self.values[layer]
+        k, v = k.to(keys.dtype), v.to(values.dtype)  # autocast computes them in lower precision
         T = k.shape[2]
         if T == 1:
             keys.index_copy_(2, self.slot, k)
