@@ -22,6 +22,8 @@ Shape letters: B batch, h cached heads, S slots, T new tokens, L visible keys, h
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor
 
@@ -83,6 +85,19 @@ class KVCache:
         """Every tensor the cache reads or writes in place (what a captured graph must keep)."""
         return [*self.keys, *self.values, self.slot_pos, self.padding, self.seen,
                 self.next_position, self.slot, self.visible]
+
+    def rows(self, index: Tensor) -> KVCache:
+        """A new cache of rows ``index`` (R,) of this one (copies; this one is unchanged): one
+        context's cache continued several ways, as multiple-choice scoring does."""
+        other = copy.copy(self)  # the python state: length, flags, window
+        other.keys = [k[index] for k in self.keys]  # (R, h, S, hd) each
+        other.values = [v[index] for v in self.values]
+        other.padding, other.visible = self.padding[index], self.visible[index]  # (R, S)
+        other.next_position = self.next_position[index]  # (R, 1)
+        other.slot_pos, other.seen, other.slot = (t.clone() for t in (self.slot_pos, self.seen,
+                                                                     self.slot))
+        other.layers = [LayerCache(other, i) for i in range(len(self.keys))]
+        return other
 
     def reset(self) -> None:
         """Forget the cached tokens; the buffers are reused in place, not reallocated."""

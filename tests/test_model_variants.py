@@ -108,6 +108,25 @@ def test_kv_cache_in_chunks_equals_one_full_pass(name):
 
 
 @variants
+def test_cache_rows_continue_each_picked_row(name):
+    """``KVCache.rows``: a context's cache continued several ways (multiple-choice scoring) gives
+    the logits of each full sequence, and leaves the original cache as it was."""
+    model = tiny(name, init_std=0.02)
+    gen = torch.Generator().manual_seed(3)
+    idx = torch.randint(0, 61, (2, 9), generator=gen)
+    rest = torch.randint(0, 61, (3, 3), generator=gen)
+    pick = torch.tensor([1, 1, 0])
+    with torch.inference_mode():
+        cache = model.new_kv_cache(2)
+        model(idx[:, :6], kv_cache=cache)
+        got = model(rest, kv_cache=cache.rows(pick))
+        full = model(torch.cat([idx[pick, :6], rest], 1))[:, 6:]
+        torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model(idx[:, 6:], kv_cache=cache), model(idx)[:, 6:],
+                                   rtol=1e-5, atol=1e-5)
+
+
+@variants
 def test_cached_greedy_equals_uncached_across_crops(name):
     model = tiny(name)
     idx = torch.randint(0, 61, (2, 5), generator=torch.Generator().manual_seed(2))
