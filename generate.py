@@ -21,16 +21,17 @@ SEPARATOR = "\n---------------\n"
 
 
 def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
-    """Generate ``cfg.num_samples`` samples; print them to ``out`` and return their text
-    (prompt + continuation, without the end-of-text token)."""
+    """Generate ``cfg.num_samples`` samples of each prompt (``prompt``, or one per line of
+    ``prompts=@file.txt``, all sampled as one left-padded batch); print them to ``out`` and
+    return their text (prompt + continuation, without the end-of-text token)."""
     import torch
 
     from minigpt.checkpoint import load_model
-    from minigpt.sampling import generate, validate_sampling
+    from minigpt.sampling import generate, pad_prompts, validate_sampling
 
     validate_sampling(cfg.temperature, cfg.top_k, cfg.top_p)  # fail before loading anything
     _check_options(cfg)
-    prompt = _read_prompt(cfg)
+    prompts = _read_prompts(cfg)
     device = pick_device(cfg.device)
     dtype = decoding_dtype(cfg.dtype, device)
     model, tokenizer, source = load_model(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root)
@@ -38,53 +39,63 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ValueError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens but the "
                          f"model only {model.config.vocab_size}")
-    ids = tokenizer.encode(prompt)  # the char tokenizer names characters it never saw
+    ids = [tokenizer.encode(p) for p in prompts]  # the char tokenizer names unknown characters
     if cfg.attention_map:  # before packing: the maps need the plain float32 layers
         from minigpt.viz.attention_maps import write_attention_map
 
-        if not ids:
+        if not ids[0]:
             raise ValueError("attention_map needs a prompt: give prompt=... or prompt_file=...")
-        _info(write_attention_map(model, tokenizer, ids[-ctx:], cfg.attention_map,
+        _info(write_attention_map(model, tokenizer, ids[0][-ctx:], cfg.attention_map,
                                   cfg.attention_layer, source))
     compiled = cfg.decoder == "compiled" or (cfg.decoder == "auto" and device.startswith("cuda"))
     # torch.compile cannot trace minigpt.cpu's oneDNN ops; inductor packs CPU weights itself
     applied = place_model(model, device, getattr(torch, dtype),
                           cfg.cpu_speedups if not compiled else False)
-    start = ids or [tokenizer.eot_id]  # an empty prompt starts a new document
-    if len(start) > ctx and not model.unbounded:  # rope + window models read any length
-        _info(f"prompt has {len(start)} tokens but the model sees at most context_length={ctx}: "
-              f"conditioning on the last {ctx}")
-        start = start[-ctx:]
+    rows = [_prompt_window(row, tokenizer.eot_id, ctx, model.unbounded)
+            for row in ids for _ in range(cfg.num_samples)]
     _info(f"{source}: {num_params / 1e6:.2f}M parameters, tokenizer {tokenizer.name!r}, "
           f"context {ctx}, {device} {dtype}, {'compiled' if compiled else 'eager'} decoder; "
-          f"cpu speedups: {', '.join(applied) or 'none'}; "
+          f"cpu speedups: {', '.join(applied) or 'none'}; {len(prompts)} prompt(s) x "
           f"{cfg.num_samples} sample(s) of up to {cfg.max_new_tokens} tokens")
 
-    stream = cfg.num_samples == 1 if cfg.stream is None else bool(cfg.stream)
+    stream = len(rows) == 1 if cfg.stream is None else bool(cfg.stream)
     eos_id = tokenizer.eot_id if cfg.stop_at_eot else None
     printer = _StreamPrinter(tokenizer, out, eos_id) if stream else None
-    idx = torch.tensor([start] * cfg.num_samples, dtype=torch.long, device=device)
+    idx, padding = pad_prompts(rows, tokenizer.eot_id, device=device)  # left-padded (B, T)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     decoder = None
-    if compiled:  # fixed-shape caches, one CUDA graph per token on a GPU (minigpt.static_decoding)
+    if compiled:  # fixed-shape cache, one CUDA graph per token on a GPU (minigpt.static_decoding)
         from minigpt.static_decoding import StaticDecoder
 
-        decoder = StaticDecoder(model, cfg.num_samples, compile=True)
+        decoder = StaticDecoder(model, len(rows), compile=True)
     if printer is not None:
-        out.write(prompt)
+        out.write(prompts[0])
         out.flush()
     tokens = generate(model, idx, cfg.max_new_tokens, temperature=cfg.temperature,
                       top_k=cfg.top_k, top_p=cfg.top_p, eos_id=eos_id, generator=generator,
                       on_token=printer, vocab_size=tokenizer.vocab_size, crop_to=cfg.crop_to,
-                      decoder=decoder)
+                      decoder=decoder, key_padding_mask=padding if padding.any() else None)
 
-    samples = [prompt + text for text in _decode_rows(tokenizer, tokens[:, len(start):], eos_id)]
+    texts = _decode_rows(tokenizer, tokens[:, idx.shape[1]:], eos_id)
+    samples = [prompts[row // cfg.num_samples] + text for row, text in enumerate(texts)]
     if printer is not None:
         printer.finish()
     else:
         out.write(SEPARATOR.join(samples) + "\n")
     out.flush()
     return samples
+
+
+def _prompt_window(ids: list[int], eot_id: int, ctx: int, unbounded: bool) -> list[int]:
+    """The tokens a prompt conditions on: an empty prompt starts a new document (end of text);
+    a prompt longer than the context keeps its last ``ctx`` tokens (rope + window models read
+    any length)."""
+    start = ids or [eot_id]
+    if len(start) > ctx and not unbounded:
+        _info(f"prompt has {len(start)} tokens but the model sees at most context_length={ctx}: "
+              f"conditioning on the last {ctx}")
+        start = start[-ctx:]
+    return start
 
 
 def decoding_dtype(name: str, device: str) -> str:
@@ -170,19 +181,33 @@ def _check_options(cfg: DictConfig) -> None:
         problems.append(f"dtype={cfg.dtype!r} must be one of {DTYPES}")
     if cfg.ckpt_path is not None and cfg.pretrained is not None:
         problems.append("give ckpt_path or pretrained, not both")
-    if cfg.prompt and cfg.prompt_file is not None:
-        problems.append("give prompt or prompt_file, not both")
+    if sum([bool(cfg.prompt), cfg.prompt_file is not None, cfg.prompts is not None]) > 1:
+        problems.append("give one of prompt, prompt_file and prompts")
+    if cfg.prompts is not None and cfg.attention_map:
+        problems.append("attention_map draws one prompt: give prompt=..., not prompts")
     if problems:
         raise ValueError("; ".join(problems))
 
 
-def _read_prompt(cfg: DictConfig) -> str:
-    """``prompt`` text, ``prompt=@file.txt``, or ``prompt_file=file.txt``."""
-    text = "" if cfg.prompt is None else str(cfg.prompt)
-    path = cfg.prompt_file if cfg.prompt_file is not None else \
-        (text[1:] if text.startswith("@") else None)
-    if path is None:
-        return text
+def _read_prompts(cfg: DictConfig) -> list[str]:
+    """The prompt (``prompt`` text, ``prompt=@file.txt`` or ``prompt_file``), or the prompts of
+    ``prompts=@file.txt``: one per line, blank lines skipped."""
+    if cfg.prompts is None:
+        text = "" if cfg.prompt is None else str(cfg.prompt)
+        path = cfg.prompt_file if cfg.prompt_file is not None else \
+            (text[1:] if text.startswith("@") else None)
+        return [text if path is None else _read_file(path)]
+    text = str(cfg.prompts)
+    if not text.startswith("@"):
+        raise ValueError(f"prompts={text!r} must name a file, prompts=@path/to/prompts.txt "
+                         "(one prompt per line)")
+    prompts = [line for line in _read_file(text[1:]).splitlines() if line.strip()]
+    if not prompts:
+        raise ValueError(f"prompts file {text[1:]} holds no prompt; write one prompt per line")
+    return prompts
+
+
+def _read_file(path) -> str:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {path} not found")

@@ -58,12 +58,12 @@ def time_decoding(models: dict, prompts: dict, new: int, repeats: int) -> dict[s
     with torch.inference_mode():
         for i in range(repeats + 1):
             for name, model in models.items():
-                caches = model.new_kv_caches(prompts[name].shape[0])
-                logits = model(prompts[name], kv_caches=caches, last_only=True)
+                cache = model.new_kv_cache(prompts[name].shape[0])
+                logits = model(prompts[name], kv_cache=cache, last_only=True)
                 token = logits.argmax(-1)  # (B, 1)
                 start = clock()
                 for _ in range(new):
-                    token = model(token, kv_caches=caches, last_only=True).argmax(-1)
+                    token = model(token, kv_cache=cache, last_only=True).argmax(-1)
                 if i:
                     times[name].append(clock() - start)
     return {name: new / max(statistics.median(t), 1e-9) for name, t in times.items()}
@@ -77,7 +77,7 @@ def long_generation_memory(variant: str, new_tokens: int) -> dict:
     prompt = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(0))
     generate(model, prompt, 8, temperature=0)  # warm-up: lazy initialization, kernel scratch
     peak = peak_extra_mib(lambda: generate(model, prompt, new_tokens, temperature=0))
-    cache_bytes = sum(c.nbytes for c in model.new_kv_caches(1))
+    cache_bytes = model.new_kv_cache(1).nbytes
     return {"peak_mib": peak, "cache_bytes": cache_bytes}
 
 

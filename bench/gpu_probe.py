@@ -58,11 +58,11 @@ def decode_steps(plan: gpu.Plan, batches, out: Path | None) -> None:
             decoder = StaticDecoder(model, batch, compile=True)
             prompt = torch.randint(0, plan.config.vocab_size, (batch, 16), device="cuda")
             generate(model, prompt, 8, temperature=0, decoder=decoder)  # compile and capture
-            token, caches = prompt[:, :1].clone(), decoder.kv_caches()
-            steps = min(100, decoder.capacity)
+            token = prompt[:, :1].clone()
+            steps = min(100, decoder.cache.capacity)
 
-            def run(decoder=decoder, token=token, caches=caches, steps=steps):
-                decoder.sync(caches, [0] * len(token))  # empty caches: room for `steps` tokens
+            def run(decoder=decoder, token=token, steps=steps):
+                decoder.cache.reset()  # an empty cache: room for `steps` tokens
                 for _ in range(steps):
                     decoder.step(token)
 

@@ -11,8 +11,9 @@ Model (From Scratch)*, ch. 3) and gives the same numbers for the same weights, b
 Variants, keyword-only and off by default (the plain path above is unchanged by them):
 grouped-query attention (``num_kv_heads``: fewer key/value heads, a smaller projection and KV
 cache), rotary position embeddings (``rope``, ``minigpt.rope``) and sliding-window attention
-(``window``, ``minigpt.window``, with the ring-buffer cache of ``minigpt.kv_cache``). ``forward``
-reads top to bottom: project, rotate (rope), attend (windowed or full causal), project out.
+(``window``, ``minigpt.window``). ``forward`` reads top to bottom: project, rotate (rope), write
+the KV cache (``minigpt.kv_cache``: the one cache, a ring for a window), attend, project out. It
+is the only code that attends: a prompt or one token, eager or captured in a CUDA graph.
 
 Shape letters used in comments:
     B batch, T new tokens, L keys visible (cached + new), nh heads, nkv key/value heads, hd head
@@ -25,17 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minigpt.kv_cache import KVCache, RingKVCache
+from minigpt.kv_cache import KVCache, LayerCache
 from minigpt.rope import apply_rope, check_rope_head_dim, check_rope_theta, rope_angles
-from minigpt.window import (
-    banded_attention,
-    cached_window_attention,
-    check_window,
-    finite_rows,
-    window_mask,
-)
+from minigpt.window import banded_attention, check_window, finite_rows, window_mask
 
-__all__ = ["KVCache", "MultiHeadAttention", "RingKVCache", "check_context_fits"]
+__all__ = ["KVCache", "MultiHeadAttention", "check_context_fits"]
 _BOOK_PROJECTIONS = ("W_query", "W_key", "W_value")
 
 
@@ -110,73 +105,63 @@ class MultiHeadAttention(nn.Module):
                 f"context_length={self.context_length}, dropout={self.dropout}{variants}")
 
     def forward(
-        self, x: Tensor, key_padding_mask: Tensor | None = None, kv_cache: KVCache | None = None,
-        position_ids: Tensor | None = None,
+        self, x: Tensor, key_padding_mask: Tensor | None = None,
+        kv_cache: LayerCache | None = None, position_ids: Tensor | None = None,
     ) -> Tensor:
         """Attend causally over ``x`` (B, T, d_in) and return (B, T, d_out).
 
         ``key_padding_mask`` (B, T) bool is True where a token is padding (as in
         ``torch.nn.MultiheadAttention``); padded keys get no weight, and a query whose keys are all
-        masked returns the output projection of zeros (finite, never NaN). With ``kv_cache`` the
-        new tokens' keys/values are appended to it and the queries attend to everything cached.
-        ``position_ids`` (B or 1, T) are the positions rotary embeddings use (default: after the
-        cached tokens); ignored without rope.
+        masked returns the output projection of zeros (finite, never NaN). With ``kv_cache`` (a
+        ``KVCache``'s ``layers[i]``) the new tokens' keys/values are written to it and the queries
+        attend to everything cached as well. ``position_ids`` (B or 1, T) are the positions
+        rotary embeddings use (default: after the cached tokens); ignored without rope.
         """
         q, k, v = self._project(x, key_padding_mask, kv_cache)
-        offset = kv_cache.length if kv_cache is not None else 0
         if self.rope_theta is not None:  # rotary position embeddings (minigpt.rope)
-            q, k = self._rotate(q, k, offset, position_ids)
+            if position_ids is None:
+                position_ids = kv_cache.next_positions(x.shape[1]) if kv_cache is not None \
+                    else torch.arange(x.shape[1], device=x.device)[None]
+            q, k = self._rotate(q, k, position_ids)
         dropout_p = self.dropout if self.training else 0.0
-        if self.window is not None:  # sliding window (minigpt.window)
-            y = self._window_attention(q, k, v, key_padding_mask, kv_cache, dropout_p)
+        cached = None
+        if kv_cache is not None:
+            cached = kv_cache.update(k, v, key_padding_mask, position_ids)
+        if cached is None:  # nothing cached before: the new tokens attend among themselves
+            y = self._self_attention(q, k, v, key_padding_mask, dropout_p)
         else:
-            padding = key_padding_mask
-            if kv_cache is not None:
-                k, v, padding = kv_cache.append(k, v, key_padding_mask)
-            y = self._causal_attention(q, k, v, offset, padding, dropout_p)
+            y = self._cached_attention(q, *cached, dropout_p)
         B, _, T, _ = y.shape
         y = y.transpose(1, 2).reshape(B, T, self.d_out)  # (B, T, C)
         return self.out_proj(y)
 
-    def decode_into(self, x: Tensor, keys: Tensor, values: Tensor, slot: Tensor,
-                    visible: Tensor, position_ids: Tensor) -> Tensor:
-        """One new token per row, x (B, 1, d_in), against fixed-size buffers: its key/value go
-        to ``slot`` (1,) of ``keys``/``values`` (B, nkv, S, hd), and it attends to the slots
-        ``visible`` (B, S) marks. No shape depends on how many tokens came before, so a GPU can
-        replay the step as one CUDA graph (``minigpt.static_decoding``)."""
-        q, k, v = self._project(x, None, None)
-        if self.rope_theta is not None:
-            q, k = self._rotate(q, k, 0, position_ids)
-        keys.index_copy_(2, slot, k)
-        values.index_copy_(2, slot, v)
-        y = self._sdpa(q, keys, values, attn_mask=visible[:, None, None, :])  # (B, nh, 1, hd)
-        return self.out_proj(y.transpose(1, 2).reshape(x.shape[0], 1, self.d_out))
+    def _self_attention(self, q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None,
+                        dropout_p: float) -> Tensor:
+        """T queries over their own T keys: full causal, or banded for a window shorter than T
+        (a sequence no longer than the window is plain causal attention)."""
+        if self.window is not None and q.shape[2] > self.window:
+            return banded_attention(q, k, v, self.window, padding, dropout_p, self._sdpa)
+        if padding is None:  # plain causal path: no T x T tensor; one query needs no mask at all
+            return self._sdpa(q, k, v, dropout_p=dropout_p, is_causal=q.shape[2] > 1)
+        positions = torch.arange(q.shape[2], device=q.device)
+        mask = window_mask(positions, positions, None) & ~padding[:, None, None, :]  # (B,1,T,T)
+        return self._masked_attention(q, k, v, mask, dropout_p)
 
-    def _causal_attention(self, q: Tensor, k: Tensor, v: Tensor, offset: int,
-                          padding: Tensor | None, dropout_p: float) -> Tensor:
-        """Full causal attention of T queries at positions offset.. over L keys."""
-        mask, empty_rows = _attention_mask(q.shape[2], k.shape[2], offset, padding)
-        if mask is None:
-            # Plain causal path: no T x T tensor; a decode step (T == 1) needs no mask at all.
-            is_causal = q.shape[2] > 1
-            return self._sdpa(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
-        y = self._sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    def _cached_attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
+                          dropout_p: float) -> Tensor:
+        """T queries over the L keys a cache gave, under its ``mask`` (B or 1, 1, T, L). One new
+        token always sees itself, so only a chunk's rows can be empty."""
+        if mask is None or q.shape[2] == 1:
+            return self._sdpa(q, keys, values, attn_mask=mask, dropout_p=dropout_p)
+        return self._masked_attention(q, keys, values, mask, dropout_p)
+
+    def _masked_attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor,
+                          dropout_p: float) -> Tensor:
+        """Attention under ``mask`` (True = may attend); a query with no visible key returns
+        zeros (softmax kept finite, never NaN)."""
+        mask, empty_rows = finite_rows(mask)
+        y = self._sdpa(q, keys, values, attn_mask=mask, dropout_p=dropout_p)
         return y if empty_rows is None else y.masked_fill(empty_rows, 0.0)
-
-    def _window_attention(self, q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None,
-                          kv_cache: KVCache | None, dropout_p: float) -> Tensor:
-        """Sliding-window attention: banded over a prompt (which the cache then keeps), masked by
-        stream index after cached tokens."""
-        T = q.shape[2]
-        if kv_cache is not None and kv_cache.length > 0:
-            keys, values, padding, key_pos = kv_cache.append_with_positions(k, v, padding)
-            return cached_window_attention(q, keys, values, padding, key_pos, kv_cache.length,
-                                           self.window, dropout_p, self._sdpa)
-        if kv_cache is not None:
-            kv_cache.append_with_positions(k, v, padding)
-        if T <= self.window:  # the window covers the whole sequence: plain causal attention
-            return self._causal_attention(q, k, v, 0, padding, dropout_p)
-        return banded_attention(q, k, v, self.window, padding, dropout_p, self._sdpa)
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
               dropout_p: float = 0.0, is_causal: bool = False) -> Tensor:
@@ -205,7 +190,9 @@ class MultiHeadAttention(nn.Module):
         """
         q, k, _ = self._project(x, key_padding_mask, None)
         if self.rope_theta is not None:
-            q, k = self._rotate(q, k, 0, position_ids)
+            if position_ids is None:
+                position_ids = torch.arange(x.shape[1], device=x.device)[None]
+            q, k = self._rotate(q, k, position_ids)
         k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)  # (B, nh, T, hd)
         T = q.shape[2]
         positions = torch.arange(T, device=x.device)
@@ -220,7 +207,7 @@ class MultiHeadAttention(nn.Module):
         return weights
 
     def _project(
-        self, x: Tensor, key_padding_mask: Tensor | None, kv_cache: KVCache | None
+        self, x: Tensor, key_padding_mask: Tensor | None, kv_cache: LayerCache | None
     ) -> tuple[Tensor, Tensor, Tensor]:
         self._check_inputs(x, key_padding_mask, kv_cache)
         B, T, _ = x.shape
@@ -240,22 +227,23 @@ class MultiHeadAttention(nn.Module):
         q, k, v = qkv.split([nh, nkv, nkv], dim=2)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    def _rotate(self, q: Tensor, k: Tensor, offset: int,
-                position_ids: Tensor | None) -> tuple[Tensor, Tensor]:
-        if position_ids is None:
-            position_ids = torch.arange(offset, offset + q.shape[2], device=q.device)[None]
+    def _rotate(self, q: Tensor, k: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
         cos, sin = rope_angles(position_ids, self.head_dim, self.rope_theta)  # (B, 1, T, hd/2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
-    def _check_inputs(self, x: Tensor, key_padding_mask: Tensor | None, kv_cache: KVCache | None):
+    def _check_inputs(self, x: Tensor, key_padding_mask: Tensor | None,
+                      kv_cache: LayerCache | None):
         if x.dim() != 3 or x.shape[-1] != self.d_in:
             raise ValueError(
                 f"x must have shape (batch, tokens, d_in={self.d_in}), got {tuple(x.shape)}"
             )
         B, T, _ = x.shape
-        if not self.unbounded:
-            check_context_fits(T + (kv_cache.length if kv_cache is not None else 0),
-                               self.context_length)
+        if kv_cache is not None and kv_cache.window != self.window:
+            raise ValueError(f"this KV cache was built for window={kv_cache.window}, the layer "
+                             f"attends with window={self.window}; build it with the layer's window")
+        tokens = T if kv_cache is None else kv_cache.total_after(T)
+        if not self.unbounded and tokens is not None:
+            check_context_fits(tokens, self.context_length)
         if key_padding_mask is not None:
             if key_padding_mask.shape != (B, T):
                 raise ValueError(
@@ -305,27 +293,6 @@ def check_context_fits(tokens: int, context_length: int) -> None:
     if tokens > context_length:
         raise ValueError(f"{tokens} tokens exceed context_length={context_length}; "
                          "crop the input to the last context_length tokens")
-
-
-def _attention_mask(
-    T: int, L: int, offset: int, padding: Tensor | None
-) -> tuple[Tensor | None, Tensor | None]:
-    """Boolean mask (True = may attend) for T queries at positions offset.. over L keys.
-
-    Returns (None, None) when ``is_causal`` (or, for a single query, no mask) is exact, so the
-    common path builds nothing. ``empty_rows`` (B, 1, T, 1) marks queries with no visible key;
-    they are allowed one key to keep softmax finite and are zeroed afterwards.
-    """
-    if padding is None and offset == 0 and T == L:
-        return None, None
-    if padding is None and T == 1:
-        return None, None
-    device = padding.device if padding is not None else None
-    query_pos = torch.arange(offset, offset + T, device=device)
-    mask = window_mask(query_pos, torch.arange(L, device=device), None)[None, None]  # (1, 1, T, L)
-    if padding is None:
-        return mask, None
-    return finite_rows(mask & ~padding[:, None, None, :])  # (B, 1, T, L), (B, 1, T, 1) or None
 
 
 def _fuse_book_state_dict(module, state_dict, prefix, *args) -> None:

@@ -171,6 +171,7 @@ class GenerateSchema:
     pretrained: str | None = None
     prompt: str = ""
     prompt_file: str | None = None
+    prompts: str | None = None  # @file.txt: one prompt per line, sampled as one batch
     max_new_tokens: int = 500
     temperature: float = 0.8
     top_k: int | None = 200

@@ -1,163 +1,237 @@
-"""Preallocated key/value caches for incremental decoding: one per attention layer.
+"""The key/value cache of a model's layers for incremental decoding: one object, one write path.
 
-``KVCache`` keeps every token (up to ``capacity``) in order. ``RingKVCache`` keeps the last
-``capacity`` tokens only, for sliding-window attention: its memory stays flat however long the
-generation runs. Both store what the layer attends with: ``num_kv_heads`` heads (fewer than the
-query heads under grouped-query attention) of keys already rotated (rotary embeddings).
+Each layer has a fixed-capacity key buffer and value buffer (B, h, S, hd): ``h`` is the layer's
+key/value heads (fewer than the query heads under grouped-query attention) and the keys are
+stored rotated (rotary embeddings), as the layer attends with them. Token ``t`` of the stream
+goes to slot ``t % S`` (``index_copy_``): a full cache never wraps (a write past its capacity is
+an error; the sampler crops first), and a sliding-window cache of ``window`` slots is a ring whose
+memory stays flat however long the generation runs.
 
-Shape letters: B batch, h cached heads, T new tokens, L visible keys, hd head dim.
+What the layers share lives here once: each slot's stream index (-1: empty), which slots hold
+padding (left-padded prompts), each row's next position, and the number of tokens seen, kept as
+a device tensor so a captured CUDA graph can read and advance it. The mask of the slots a new
+token may see is derived from them.
+
+How a one-token step attends is a property of the cache (``sliced``): over the filled slots only
+(the buffers sliced to the tokens seen: the least work, for the eager decoder and the CPU), or
+over the whole capacity under that mask, so that every step has the same shapes and one captured
+graph replays them all (``minigpt.static_decoding``).
+
+Shape letters: B batch, h cached heads, S slots, T new tokens, L visible keys, hd head dim.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
 
 import torch
 from torch import Tensor
 
+from minigpt.window import window_mask
 
-@dataclass
+Context = tuple[Tensor, Tensor, "Tensor | None"]  # keys, values, mask a layer's queries attend with
+
+
 class KVCache:
-    """Preallocated keys/values of one attention layer for incremental decoding.
+    """Keys/values of ``num_layers`` layers for ``batch_size`` rows, ``capacity`` tokens each.
 
-    ``keys``/``values`` are (B, h, capacity, hd); the first ``length`` positions are filled.
-    ``padding`` (B, capacity) marks cached keys that are padding (left-padded prompts).
+    ``window``: the layers' sliding window (None: full attention); a cache of exactly ``window``
+    slots is a ring. ``sliced``: a one-token step attends to the filled slots only (False: to all
+    ``capacity`` slots under a mask, with fixed shapes). Layer ``i`` writes through
+    ``layers[i]``, which ``MultiHeadAttention.forward`` takes as its ``kv_cache``; layer 0's
+    write advances the shared bookkeeping, once per model step.
     """
 
-    keys: Tensor
-    values: Tensor
-    padding: Tensor
-    length: int = 0
-    padded: bool = False  # a python flag, so the unpadded path never syncs with the device
-
-    @classmethod
-    def empty(
-        cls, batch_size: int, num_heads: int, capacity: int, head_dim: int, *, device=None, dtype=None
-    ) -> KVCache:
+    def __init__(self, batch_size: int, num_layers: int, num_heads: int, capacity: int,
+                 head_dim: int, *, window: int | None = None, sliced: bool = True,
+                 device=None, dtype=None):
+        if window is not None and capacity > window:
+            raise ValueError(f"a cache for window={window} holds at most {window} tokens, got "
+                             f"capacity={capacity}; give capacity={window}")
         shape = (batch_size, num_heads, capacity, head_dim)
-        return cls(
-            keys=torch.zeros(shape, device=device, dtype=dtype),
-            values=torch.zeros(shape, device=device, dtype=dtype),
-            padding=torch.zeros(batch_size, capacity, device=device, dtype=torch.bool),
-        )
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.window, self.sliced = window, sliced
+        self.ring = window is not None and capacity == window
+        long = {"dtype": torch.long, "device": device}
+        self.slot_pos = torch.full((capacity,), -1, **long)  # each slot's stream index; -1 empty
+        self.padding = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
+        self.seen = torch.zeros(1, **long)  # tokens written so far
+        self.next_position = torch.zeros(batch_size, 1, **long)  # each row's next position
+        self.slot = torch.zeros(1, **long)  # a one-token step's slot
+        self.visible = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
+        self.layers = [LayerCache(self, i) for i in range(num_layers)]
+        self._length: int | None = 0  # `seen` on the host (None: read it from the device)
+        self._padded = False  # any padding cached: a python flag, so unpadded steps never sync
+        self._step: tuple | None = None  # set by layer 0 for the others: see `_advance`
 
     @property
     def capacity(self) -> int:
-        return self.keys.shape[2]
+        return self.slot_pos.shape[0]
+
+    @property
+    def length(self) -> int:
+        """Tokens written since the last ``reset`` (a ring holds the last ``capacity``)."""
+        if self._length is None:  # after fixed-shape steps, which never touch the host
+            self._length = int(self.seen)
+        return self._length
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the key and value buffers."""
-        return self.keys.nbytes + self.values.nbytes
+        return sum(t.nbytes for t in self.keys + self.values)
+
+    def tensors(self) -> list[Tensor]:
+        """Every tensor the cache reads or writes in place (what a captured graph must keep)."""
+        return [*self.keys, *self.values, self.slot_pos, self.padding, self.seen,
+                self.next_position, self.slot, self.visible]
+
+    def rows(self, index: Tensor) -> KVCache:
+        """A new cache of rows ``index`` (R,) of this one (copies; this one is unchanged): one
+        context's cache continued several ways, as multiple-choice scoring does."""
+        other = copy.copy(self)  # the python state: length, flags, window
+        other.keys = [k[index] for k in self.keys]  # (R, h, S, hd) each
+        other.values = [v[index] for v in self.values]
+        other.padding, other.visible = self.padding[index], self.visible[index]  # (R, S)
+        other.next_position = self.next_position[index]  # (R, 1)
+        other.slot_pos, other.seen, other.slot = (t.clone() for t in (self.slot_pos, self.seen,
+                                                                     self.slot))
+        other.layers = [LayerCache(other, i) for i in range(len(self.keys))]
+        return other
 
     def reset(self) -> None:
-        """Forget the cached tokens; the buffers are reused, not reallocated."""
-        self.length = 0
-        self.padded = False
+        """Forget the cached tokens; the buffers are reused in place, not reallocated."""
+        self._length, self._padded = 0, False
+        self.slot_pos.fill_(-1)
         self.padding.zero_()
+        self.seen.zero_()
+        self.next_position.zero_()
 
-    def append(
-        self, k: Tensor, v: Tensor, padding: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Write T new keys/values after the cached ones; return all visible (L = length) keys,
-        values and their padding mask (None if nothing cached is padding)."""
-        start, end = self.length, self.length + k.shape[2]
-        if end > self.capacity:
-            raise ValueError(
-                f"KV cache holds {self.capacity} tokens but {end} were requested; "
-                "reset the cache or crop the sequence"
-            )
-        self.keys[:, :, start:end] = k
-        self.values[:, :, start:end] = v
-        if padding is not None:
-            self.padding[:, start:end] = padding
-            self.padded = True
-        self.length = end
-        visible_padding = self.padding[:, :end] if self.padded else None
-        return self.keys[:, :, :end], self.values[:, :, :end], visible_padding
+    def next_positions(self, T: int) -> Tensor:
+        """Positions (B, T) of T new tokens: each row continues from its last position."""
+        return self.next_position + torch.arange(T, device=self.seen.device)
 
-    def append_with_positions(
-        self, k: Tensor, v: Tensor, padding: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
-        """``append``, plus each visible key's index in the token stream (L,): what a
-        sliding-window mask is built from."""
-        keys, values, visible_padding = self.append(k, v, padding)
-        return keys, values, visible_padding, torch.arange(self.length, device=k.device)
+    def total_after(self, T: int) -> int | None:
+        """Tokens seen once T more are written, for context checks; None on a fixed-shape
+        one-token step (never read back from the device: its caller crops)."""
+        return self.length + T if self.sliced or T > 1 else None
 
-
-@dataclass
-class RingKVCache(KVCache):
-    """The keys/values of the last ``capacity`` tokens, for sliding-window attention.
-
-    Token ``i`` of the stream lives in slot ``i % capacity`` and overwrites the one that left
-    the window; ``positions`` (capacity,) holds each slot's stream index (-1: empty). ``length``
-    counts every token seen, so it grows past ``capacity`` while the buffers do not.
-    """
-
-    positions: Tensor | None = None
-
-    @classmethod
-    def empty(
-        cls, batch_size: int, num_heads: int, capacity: int, head_dim: int, *, device=None, dtype=None
-    ) -> RingKVCache:
-        cache = super().empty(batch_size, num_heads, capacity, head_dim, device=device,
-                              dtype=dtype)
-        cache.positions = torch.full((capacity,), -1, dtype=torch.long, device=device)
-        return cache
-
-    def reset(self) -> None:
-        super().reset()
-        self.positions.fill_(-1)
-
-    def append(self, k, v, padding):
-        raise ValueError("a RingKVCache keeps the last tokens only: it serves sliding-window "
-                         "attention (append_with_positions), not full causal attention")
-
-    def append_with_positions(
-        self, k: Tensor, v: Tensor, padding: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
-        """Return the keys the T new queries may need (the cached ones, then the new ones),
-        their padding and stream indices; keep the last ``capacity`` tokens.
-
-        One new token (decoding) overwrites the oldest slot and attends over the buffer in place,
-        in slot order (attention does not depend on the order of its keys)."""
-        T, start = k.shape[2], self.length
+    def _advance(self, T: int, padding: Tensor | None, position_ids: Tensor | None) -> None:
+        """Layer 0: place T new tokens (slots, stream indices, padding, positions, count) and
+        record for every layer how they attend (``_step``)."""
+        if position_ids is None:
+            self.next_position.add_(T)
+        else:
+            self.next_position.copy_(position_ids[:, -1:] + 1)
         if T == 1:
-            self._store(k, v, padding, start)
-            n = min(self.length, self.capacity)
-            visible_padding = self.padding[:, :n] if self.padded else None
-            return self.keys[:, :, :n], self.values[:, :, :n], visible_padding, self.positions[:n]
-        n = min(start, self.capacity)
-        keys = torch.cat([self.keys[:, :, :n], k], dim=2)  # (B, h, n + T, hd)
-        values = torch.cat([self.values[:, :, :n], v], dim=2)
-        new_positions = torch.arange(start, start + T, device=k.device)
-        positions = torch.cat([self.positions[:n], new_positions])  # (n + T,)
-        visible_padding = None
-        if self.padded or padding is not None:
-            new_padding = padding if padding is not None else self.padding.new_zeros(k.shape[0], T)
-            visible_padding = torch.cat([self.padding[:, :n], new_padding], dim=1)  # (B, n + T)
-        self._store(k, v, padding, start)
-        return keys, values, visible_padding, positions
+            self._advance_one(padding)
+            return
+        start, S = self.length, self.capacity
+        self._check_room(start + T)
+        chunk = None
+        if start > 0:  # after cached tokens: mask by stream index, built before any overwrite
+            chunk = self._chunk_mask(start, T, padding)
+        keep = min(T, S)  # a ring keeps the last S tokens
+        new_pos = torch.arange(start + T - keep, start + T, device=self.seen.device)
+        slots = new_pos % S
+        self.slot_pos.index_copy_(0, slots, new_pos)
+        self._write_padding(slots, None if padding is None else padding[:, T - keep:])
+        self.seen.fill_(start + T)
+        self._length = start + T
+        self._step = (slots, keep, chunk)
 
-    def _store(self, k: Tensor, v: Tensor, padding: Tensor | None, start: int) -> None:
-        """Write the last ``capacity`` of the T new tokens into their slots: at most two
-        contiguous runs (before and after the ring wraps), written with slices."""
+    def _advance_one(self, padding: Tensor | None) -> None:
+        """One new token: slot ``seen % S``, read and advanced on the device."""
+        start = self.length if self.sliced else None  # fixed shapes: nothing read on the host
+        if start is not None:
+            self._check_room(start + 1)
+        torch.remainder(self.seen, self.capacity, out=self.slot)
+        self.slot_pos.index_copy_(0, self.slot, self.seen)
+        self._write_padding(self.slot, padding)
+        self.seen.add_(1)
+        if start is None:  # the whole capacity, under the mask of the filled real slots
+            torch.logical_and(self.slot_pos >= 0, ~self.padding, out=self.visible)
+            self._length = None
+            return
+        self._length = start + 1
+        n = min(start + 1, self.capacity)
+        fresh = start == 0  # attends to itself alone: the layer's own path (even if padding)
+        self._step = None if fresh else (n, ~self.padding[:, None, None, :n] if self._padded
+                                         else None)
+
+    def _check_room(self, tokens: int) -> None:
+        if not self.ring and tokens > self.capacity:
+            raise ValueError(f"KV cache holds {self.capacity} tokens but {tokens} were "
+                             "requested; reset the cache or crop the sequence")
+
+    def _write_padding(self, slots: Tensor, padding: Tensor | None) -> None:
+        if padding is not None:
+            self.padding.index_copy_(1, slots, padding)
+            self._padded = True
+        elif not self.sliced or self._padded:  # the slots' old tokens may have been padding
+            self.padding.index_fill_(1, slots, False)
+
+    def _chunk_mask(self, start: int, T: int, padding: Tensor | None) -> tuple[int, Tensor]:
+        """(cached slots n, mask (B or 1, 1, T, n + T)) for T queries after ``start`` tokens
+        over the cached keys (slot order) followed by their own."""
+        n = min(start, self.capacity)
+        query_pos = torch.arange(start, start + T, device=self.seen.device)
+        key_pos = torch.cat([self.slot_pos[:n], query_pos])  # (n + T,)
+        mask = window_mask(query_pos, key_pos, self.window)[None, None]  # (1, 1, T, n + T)
+        if self._padded or padding is not None:
+            new = padding if padding is not None else self.padding.new_zeros(len(self.padding), T)
+            keys_padding = torch.cat([self.padding[:, :n], new], dim=1)  # (B, n + T)
+            mask = mask & ~keys_padding[:, None, None, :]
+        return n, mask
+
+    def _write(self, layer: int, k: Tensor, v: Tensor) -> Context | None:
+        """Store layer ``layer``'s new keys/values k, v (B, h, T, hd) in their slots; return the
+        keys, values (B, h, L, hd) and mask (True = may attend; None: all) the T queries attend
+        over, or None when nothing was cached before them (they attend among themselves)."""
+        keys, values = self.keys[layer], self.values[layer]
+        k, v = k.to(keys.dtype), v.to(values.dtype)  # autocast computes them in lower precision
         T = k.shape[2]
-        first = start + T - min(T, self.capacity)  # stream index of the first token kept
-        while first < start + T:
-            slot = first % self.capacity
-            n = min(start + T - first, self.capacity - slot)
-            src = slice(first - start, first - start + n)
-            self.keys[:, :, slot:slot + n] = k[:, :, src]
-            self.values[:, :, slot:slot + n] = v[:, :, src]
-            if n == 1:
-                self.positions[slot] = first
-            else:
-                self.positions[slot:slot + n] = torch.arange(first, first + n, device=k.device)
-            if padding is not None:
-                self.padding[:, slot:slot + n] = padding[:, src]
-                self.padded = True
-            elif self.padded:  # the slots' previous tokens may have been padding
-                self.padding[:, slot:slot + n] = False
-            first += n
-        self.length = start + T
+        if T == 1:
+            keys.index_copy_(2, self.slot, k)
+            values.index_copy_(2, self.slot, v)
+            if not self.sliced:  # the whole buffer, as a captured graph needs
+                return keys, values, self.visible[:, None, None, :]  # mask (B, 1, 1, S)
+            if self._step is None:
+                return None
+            n, mask = self._step
+            return keys[:, :, :n], values[:, :, :n], mask
+        slots, keep, chunk = self._step
+        context = None
+        if chunk is not None:  # cached keys, then the new ones (read before a ring overwrites)
+            n, mask = chunk
+            context = (torch.cat([keys[:, :, :n], k], 2), torch.cat([values[:, :, :n], v], 2),
+                       mask)
+        keys.index_copy_(2, slots, k[:, :, T - keep:])
+        values.index_copy_(2, slots, v[:, :, T - keep:])
+        return context
+
+
+class LayerCache:
+    """One layer's view of a ``KVCache``: what ``MultiHeadAttention.forward`` writes into."""
+
+    def __init__(self, cache: KVCache, index: int):
+        self.cache, self.index = cache, index
+
+    @property
+    def window(self) -> int | None:
+        return self.cache.window
+
+    def next_positions(self, T: int) -> Tensor:
+        return self.cache.next_positions(T)
+
+    def total_after(self, T: int) -> int | None:
+        """``KVCache.total_after`` for this step (the first layer's write counts its T)."""
+        return self.cache.total_after(T if self.index == 0 else 0)
+
+    def update(self, k: Tensor, v: Tensor, padding: Tensor | None,
+               position_ids: Tensor | None) -> Context | None:
+        """Write this layer's new keys/values (see ``KVCache._write``); the first layer also
+        records where the new tokens go, for every layer."""
+        if self.index == 0:
+            self.cache._advance(k.shape[2], padding, position_ids)
+        return self.cache._write(self.index, k, v)

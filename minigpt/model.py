@@ -13,13 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minigpt.attention import (
-    KVCache,
-    MultiHeadAttention,
-    RingKVCache,
-    check_context_fits,
-    check_kv_heads,
-)
+from minigpt.attention import MultiHeadAttention, check_context_fits, check_kv_heads
+from minigpt.kv_cache import KVCache, LayerCache
 from minigpt.rope import check_rope_head_dim, check_rope_theta
 from minigpt.window import check_window
 
@@ -145,8 +140,8 @@ class Block(nn.Module):
         self.drop = nn.Dropout(config.dropout)  # on each residual branch, as GPT-2
 
     def forward(
-        self, x: Tensor, key_padding_mask: Tensor | None = None, kv_cache: KVCache | None = None,
-        position_ids: Tensor | None = None,
+        self, x: Tensor, key_padding_mask: Tensor | None = None,
+        kv_cache: LayerCache | None = None, position_ids: Tensor | None = None,
     ) -> Tensor:
         x = x + self.drop(self.attn(self.norm1(x), key_padding_mask, kv_cache, position_ids))
         return x + self.drop(self.mlp(self.norm2(x)))
@@ -197,16 +192,18 @@ class GPT(nn.Module):
         idx: Tensor,
         key_padding_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
-        kv_caches: list[KVCache] | None = None,
+        kv_cache: KVCache | None = None,
         last_only: bool = False,
     ) -> Tensor:
         """Logits (B, T, V) for token ids ``idx`` (B, T); (B, 1, V) for the last position only
         with ``last_only`` (all sampling needs: the LM head is a quarter of GPT-2's weights).
 
-        ``position_ids`` (B, T) defaults to 0..T-1 after any cached tokens; left-padded batches
-        pass their own so each row's first real token sits at position 0.
+        ``position_ids`` (B, T) defaults to 0..T-1, or with ``kv_cache`` (``new_kv_cache``) to
+        each row's positions after its cached tokens; left-padded batches pass their own so each
+        row's first real token sits at position 0 (the cache continues from them). The same
+        forward serves a prompt and a one-token step, eager or compiled into a CUDA graph.
         """
-        x = self.hidden_states(idx, key_padding_mask, position_ids, kv_caches)
+        x = self.hidden_states(idx, key_padding_mask, position_ids, kv_cache)
         if last_only:
             x = x[:, -1:]  # (B, 1, C)
         return self.lm_head(x)  # (B, T, V)
@@ -233,20 +230,22 @@ class GPT(nn.Module):
         idx: Tensor,
         key_padding_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
-        kv_caches: list[KVCache] | None = None,
+        kv_cache: KVCache | None = None,
     ) -> Tensor:
         """The final-LayerNorm output (B, T, C) that the LM head turns into logits."""
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (batch, tokens), got {tuple(idx.shape)}")
         T = idx.shape[1]
-        offset = kv_caches[0].length if kv_caches else 0
         if position_ids is None:
-            if not self.unbounded:
-                check_context_fits(offset + T, self.config.context_length)
-            position_ids = torch.arange(offset, offset + T, device=idx.device)[None]  # (1, T)
+            tokens = T if kv_cache is None else kv_cache.total_after(T)
+            if not self.unbounded and tokens is not None:
+                check_context_fits(tokens, self.config.context_length)
+            position_ids = torch.arange(T, device=idx.device)[None] if kv_cache is None \
+                else kv_cache.next_positions(T)  # (1 or B, T)
+        layers = kv_cache.layers if kv_cache is not None else [None] * len(self.blocks)
         x = self.drop(self.embed(idx, position_ids))  # (B, T, C)
-        for i, block in enumerate(self.blocks):
-            x = block(x, key_padding_mask, kv_caches[i] if kv_caches else None, position_ids)
+        for block, layer_cache in zip(self.blocks, layers, strict=True):
+            x = block(x, key_padding_mask, layer_cache, position_ids)
         return self.final_norm(x)
 
     def embed(self, idx: Tensor, position_ids: Tensor) -> Tensor:
@@ -254,6 +253,11 @@ class GPT(nn.Module):
         if self.pos_emb is None:  # rope: positions enter in the attention
             return self.tok_emb(idx)
         return self.tok_emb(idx) + self.pos_emb(position_ids)
+
+    def attention_layers(self) -> list[MultiHeadAttention]:
+        """Every block's attention, in order: what inspection (attention maps) hooks into, so
+        that no code outside this module depends on how a ``Block`` is put together."""
+        return [block.attn for block in self.blocks]
 
     @property
     def unbounded(self) -> bool:
@@ -270,20 +274,16 @@ class GPT(nn.Module):
             return capacity
         return c.window if self.unbounded else min(c.window, capacity)
 
-    def new_kv_caches(
-        self, batch_size: int, capacity: int | None = None, *, device=None, dtype=None
-    ) -> list[KVCache]:
-        """One preallocated cache per block, holding up to ``kv_cache_capacity(capacity)``
-        tokens. A sliding-window model gets ``RingKVCache``s: their size never grows."""
+    def new_kv_cache(self, batch_size: int, capacity: int | None = None, *, sliced: bool = True,
+                     device=None, dtype=None) -> KVCache:
+        """The KV cache of every block, holding up to ``kv_cache_capacity(capacity)`` tokens (a
+        ring of ``window`` slots for a sliding-window model: its size never grows). ``sliced``:
+        see ``KVCache`` (False: fixed shapes, for a captured graph)."""
         c = self.config
-        kind = KVCache if c.window is None else RingKVCache
         weight = self.tok_emb.weight
-        return [
-            kind.empty(batch_size, c.kv_heads, self.kv_cache_capacity(capacity),
-                       c.n_embd // c.n_head, device=device or weight.device,
-                       dtype=dtype or weight.dtype)
-            for _ in range(c.n_layer)
-        ]
+        return KVCache(batch_size, c.n_layer, c.kv_heads, self.kv_cache_capacity(capacity),
+                       c.n_embd // c.n_head, window=c.window, sliced=sliced,
+                       device=device or weight.device, dtype=dtype or weight.dtype)
 
     def kv_cache_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
         """Bytes the KV cache holds per cached token (keys and values of every layer)."""

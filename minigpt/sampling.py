@@ -156,8 +156,8 @@ def generate(
     """Append up to ``max_new_tokens`` sampled tokens to ``idx`` (B, T); return (B, T + n).
 
     Args:
-        model: a ``GPT`` (anything with ``config.context_length``, ``new_kv_caches`` and
-            ``forward(idx, key_padding_mask, position_ids, kv_caches, last_only=)``). It runs in
+        model: a ``GPT`` (anything with ``config.context_length``, ``new_kv_cache`` and
+            ``forward(idx, key_padding_mask, position_ids, kv_cache, last_only=)``). It runs in
             eval mode; its training flag is restored afterwards.
         temperature, top_k, top_p, generator: see ``sample_next``.
         eos_id: a row that produces it is finished: its later positions are filled with
@@ -172,8 +172,9 @@ def generate(
             beyond its tokenizer's).
         crop_to: tokens kept when the window is full (see the module docstring).
         decoder: a ``minigpt.static_decoding.StaticDecoder`` of this model and batch size: the
-            one-token steps run with its fixed-shape caches (compiled into a CUDA graph on a
-            GPU) instead of the growing slices of the eager caches; the tokens are the same.
+            one-token steps run over its fixed-shape cache (the same forward, compiled into a
+            CUDA graph on a GPU) instead of the growing slices of the eager cache; the tokens
+            are the same.
     """
     validate_sampling(temperature, top_k, top_p)
     B, T, pad_counts = _check_generate_inputs(model, idx, max_new_tokens, key_padding_mask,
@@ -210,11 +211,12 @@ def _decode(model, out: Tensor, T: int, starts: list[int], keep: int, sample, *,
     ctx = _window_limit(model)
     padded = any(s != starts[0] for s in starts)
     finished = torch.zeros(B, dtype=torch.bool, device=out.device) if eos_id is not None else None
-    caches = None
+    cache = None
     if use_cache:
-        caches = model.new_kv_caches(B) if decoder is None else decoder.kv_caches()
+        cache = model.new_kv_cache(B) if decoder is None else decoder.cache
+        cache.reset()  # a decoder's cache is reused across calls
     N = T  # tokens so far: out[:, :N]
-    logits = _fill_caches(model, out, N, starts, padded, caches, decoder) if use_cache else None
+    logits = _forward_window(model, out, N, starts, padded, cache) if use_cache else None
     while True:
         if not use_cache:
             logits = _forward_window(model, out, N, starts, padded, None)
@@ -231,24 +233,12 @@ def _decode(model, out: Tensor, T: int, starts: list[int], keep: int, sample, *,
         if _crop_windows(starts, N, ctx, keep):
             padded = any(s != starts[0] for s in starts)
             if use_cache:  # positions shifted: recompute the cropped window once
-                for cache in caches:
-                    cache.reset()
-                logits = _fill_caches(model, out, N, starts, padded, caches, decoder)
+                cache.reset()
+                logits = _forward_window(model, out, N, starts, padded, cache)
         elif decoder is not None:
             logits = decoder.step(out[:, N - 1:N])
-        elif use_cache:
-            position_ids = None
-            if padded:
-                position_ids = (N - 1 - torch.tensor(starts, device=out.device))[:, None]
-            logits = model(out[:, N - 1:N], position_ids=position_ids, kv_caches=caches)
-
-
-def _fill_caches(model, out: Tensor, N: int, starts: list[int], padded: bool, caches, decoder):
-    """``_forward_window`` into ``caches``; then a static decoder learns what they hold."""
-    logits = _forward_window(model, out, N, starts, padded, caches)
-    if decoder is not None:
-        decoder.sync(caches, starts)
-    return logits
+        elif use_cache:  # the cache continues each row's positions
+            logits = model(out[:, N - 1:N], kv_cache=cache, last_only=True)
 
 
 def _check_decoder(decoder, model, batch_size: int, use_cache: bool) -> None:
@@ -280,18 +270,18 @@ def _crop_windows(starts: list[int], N: int, ctx: float, keep: int) -> bool:
     return cropped
 
 
-def _forward_window(model, out: Tensor, N: int, starts: list[int], padded: bool, caches):
+def _forward_window(model, out: Tensor, N: int, starts: list[int], padded: bool, cache):
     """Last-position logits (B, 1, V) of the model on each row's window ``out[row, start:N]``,
-    left-padded to the longest window; fills ``caches`` if given."""
+    left-padded to the longest window; fills ``cache`` if given."""
     first = min(starts)
     window = out[:, first:N]  # (B, L)
     if not padded:
-        return model(window, kv_caches=caches, last_only=True)
+        return model(window, kv_cache=cache, last_only=True)
     cols = torch.arange(first, N, device=out.device)[None, :]  # (1, L)
     row_starts = torch.tensor(starts, device=out.device)[:, None]  # (B, 1)
     mask = cols < row_starts  # (B, L) True = outside the row's window
     position_ids = (cols - row_starts).clamp(min=0)  # (B, L)
-    return model(window, key_padding_mask=mask, position_ids=position_ids, kv_caches=caches,
+    return model(window, key_padding_mask=mask, position_ids=position_ids, kv_cache=cache,
                  last_only=True)
 
 

@@ -8,9 +8,9 @@ Training and prompts (``banded_attention``): the queries go in chunks of ``C`` t
 chunks beat full causal SDPA at T=2048, window=256 on the CPU (``bench/attention.py --variants``).
 A sequence no longer than the window is plain causal attention and takes that path.
 
-Decoding: a ``RingKVCache`` of ``window`` slots holds exactly the keys a new token may see, so
-one-token steps need no mask at all; a chunk after cached tokens gets an explicit (T, L) mask
-from the stream indices of its keys.
+Decoding: the KV cache of a window layer is a ring of ``window`` slots (``minigpt.kv_cache``),
+which holds exactly the keys a new token may see, so one-token steps need no window mask; a
+chunk after cached tokens gets a (T, L) ``window_mask`` from the stream indices of its keys.
 
 Shape letters: B batch, nh query heads, nkv key/value heads, T tokens, L keys, hd head dim,
 n chunks, C chunk length, W window.
@@ -91,25 +91,3 @@ def _band(window: int, C: int, n: int, device) -> Tensor:
     b = torch.arange(window + C, device=device)[None, :]
     j = torch.arange(n, device=device)[:, None, None]
     return (b <= a + window) & (b > a) & (b >= window - j * C)
-
-
-def cached_window_attention(q: Tensor, keys: Tensor, values: Tensor, padding: Tensor | None,
-                            key_pos: Tensor, end: int, window: int, dropout_p: float,
-                            sdpa) -> Tensor:
-    """The queries q (B, nh, T, hd) of the stream's last T tokens (indices end - T .. end - 1)
-    over the L keys of a cache, whose stream indices are ``key_pos`` (L,), with their
-    ``padding`` (B, L) or None."""
-    T, L = q.shape[2], keys.shape[2]
-    if T == 1 and L <= window:  # one query and every cached key inside its window
-        mask = None
-    else:
-        query_pos = torch.arange(end - T, end, device=q.device)
-        mask = window_mask(query_pos, key_pos, window)  # (T, L)
-    if padding is not None:
-        visible = ~padding[:, None, None, :]  # (B, 1, 1, L)
-        mask = visible if mask is None else mask & visible  # (B, 1, T, L)
-    if mask is None:
-        return sdpa(q, keys, values, dropout_p=dropout_p)
-    mask, empty = finite_rows(mask)
-    y = sdpa(q, keys, values, attn_mask=mask, dropout_p=dropout_p)
-    return y if empty is None else y.masked_fill(empty, 0.0)

@@ -296,10 +296,10 @@ def test_kv_cache_in_chunks_equals_one_full_pass(chunks):
     torch.manual_seed(6)
     attn = MultiHeadAttention(8, 12, context_length=10, dropout=0.0, num_heads=3).eval()
     x = torch.randn(2, 10, 8)
-    cache = KVCache.empty(2, 3, 10, 4)
+    cache = KVCache(2, 1, 3, 10, 4)  # batch, layers, kv heads, capacity, head dim
     outputs, start = [], 0
     for n in chunks:
-        outputs.append(attn(x[:, start : start + n], kv_cache=cache))
+        outputs.append(attn(x[:, start : start + n], kv_cache=cache.layers[0]))
         start += n
     assert cache.length == 10
     torch.testing.assert_close(torch.cat(outputs, 1), attn(x), rtol=0, atol=1e-6)
@@ -312,9 +312,9 @@ def test_kv_cache_with_left_padding_equals_the_unpadded_row():
     x = torch.randn(1, 6, 8)
     padded = torch.cat([torch.randn(1, 2, 8), x], dim=1)  # 2 pads, then the 6 real tokens
     pad = torch.tensor([[True, True] + [False] * 6])
-    cache = KVCache.empty(1, 2, 8, 4)
-    prefix = ours(padded[:, :5], key_padding_mask=pad[:, :5], kv_cache=cache)
-    rest = [ours(padded[:, i : i + 1], key_padding_mask=pad[:, i : i + 1], kv_cache=cache)
+    cache = KVCache(1, 1, 2, 8, 4)
+    prefix = ours(padded[:, :5], key_padding_mask=pad[:, :5], kv_cache=cache.layers[0])
+    rest = [ours(padded[:, i : i + 1], key_padding_mask=pad[:, i : i + 1], kv_cache=cache.layers[0])
             for i in range(5, 8)]
     y = torch.cat([prefix, *rest], dim=1)[:, 2:]
     torch.testing.assert_close(y, book(x), rtol=0, atol=1e-6)
@@ -324,7 +324,7 @@ def test_kv_cache_overflow_is_a_clear_error():
     from minigpt.attention import KVCache
 
     attn = MultiHeadAttention(8, 8, context_length=16, dropout=0.0, num_heads=2)
-    cache = KVCache.empty(1, 2, 4, 4)
-    attn(torch.randn(1, 4, 8), kv_cache=cache)
+    cache = KVCache(1, 1, 2, 4, 4)
+    attn(torch.randn(1, 4, 8), kv_cache=cache.layers[0])
     with pytest.raises(ValueError, match="KV cache holds 4 tokens but 5"):
-        attn(torch.randn(1, 1, 8), kv_cache=cache)
+        attn(torch.randn(1, 1, 8), kv_cache=cache.layers[0])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import minigpt.window
-from minigpt.attention import KVCache, MultiHeadAttention, RingKVCache
+from minigpt.attention import KVCache, MultiHeadAttention
 
 # name -> keyword arguments at 4 heads of 4 dims (d_out=16)
 VARIANTS = {
@@ -32,10 +32,9 @@ def make(name: str, context_length: int = 12, dropout: float = 0.0, seed: int = 
 
 
 def new_cache(attn: MultiHeadAttention, batch: int, capacity: int) -> KVCache:
-    """What GPT.new_kv_caches gives such a layer: a ring of `window` slots for a window."""
-    if attn.window is not None:
-        return RingKVCache.empty(batch, attn.num_kv_heads, attn.window, attn.head_dim)
-    return KVCache.empty(batch, attn.num_kv_heads, capacity, attn.head_dim)
+    """What GPT.new_kv_cache gives such a layer: a ring of `window` slots for a window."""
+    return KVCache(batch, 1, attn.num_kv_heads, capacity if attn.window is None else attn.window,
+                   attn.head_dim, window=attn.window)
 
 
 # --- independent references ----------------------------------------------------------------------
@@ -208,7 +207,7 @@ def test_kv_cache_in_chunks_equals_one_full_pass(name, chunks):
     cache = new_cache(attn, 2, 12)
     outputs, start = [], 0
     for n in chunks:
-        outputs.append(attn(x[:, start : start + n], kv_cache=cache))
+        outputs.append(attn(x[:, start : start + n], kv_cache=cache.layers[0]))
         start += n
     assert cache.length == 12
     torch.testing.assert_close(torch.cat(outputs, 1), attn(x), rtol=1e-5, atol=1e-6)
@@ -222,9 +221,9 @@ def test_left_padded_cached_row_equals_the_row_alone(name):
     pad = torch.tensor([[True] * 3 + [False] * 7])
     positions = (torch.arange(10) - 3).clamp(min=0)[None]  # each row's first real token at 0
     cache = new_cache(attn, 1, 10)
-    prefix = attn(padded[:, :6], key_padding_mask=pad[:, :6], kv_cache=cache,
+    prefix = attn(padded[:, :6], key_padding_mask=pad[:, :6], kv_cache=cache.layers[0],
                   position_ids=positions[:, :6])
-    rest = [attn(padded[:, i : i + 1], kv_cache=cache, position_ids=positions[:, i : i + 1])
+    rest = [attn(padded[:, i : i + 1], kv_cache=cache.layers[0], position_ids=positions[:, i : i + 1])
             for i in range(6, 10)]
     y = torch.cat([prefix, *rest], dim=1)[:, 3:]
     torch.testing.assert_close(y, attn(x), rtol=1e-5, atol=1e-6)
@@ -260,9 +259,9 @@ def test_ring_cache_decodes_far_past_its_size_and_context(name):
     x = torch.randn(2, 40, 8)
     cache = new_cache(attn, 2, 8)
     nbytes = cache.nbytes
-    first = attn(x[:, :5], kv_cache=cache)
-    steps = [attn(x[:, i : i + 1], kv_cache=cache) for i in range(5, 33)]
-    last = attn(x[:, 33:], kv_cache=cache)  # a chunk after the ring has wrapped
+    first = attn(x[:, :5], kv_cache=cache.layers[0])
+    steps = [attn(x[:, i : i + 1], kv_cache=cache.layers[0]) for i in range(5, 33)]
+    last = attn(x[:, 33:], kv_cache=cache.layers[0])  # a chunk after the ring has wrapped
     y = torch.cat([first, *steps, last], 1)
     assert cache.length == 40 and cache.nbytes == nbytes and cache.capacity == attn.window
     torch.testing.assert_close(y, attn(x), rtol=1e-5, atol=1e-6)
@@ -271,8 +270,11 @@ def test_ring_cache_decodes_far_past_its_size_and_context(name):
 
 def test_ring_cache_refuses_full_attention():
     attn = make("gpt2")
-    with pytest.raises(ValueError, match="sliding-window attention"):
-        attn(torch.randn(1, 2, 8), kv_cache=RingKVCache.empty(1, 4, 4, 4))
+    ring = KVCache(1, 1, 4, 4, 4, window=4)
+    with pytest.raises(ValueError, match="built for window=4, the layer attends with window=None"):
+        attn(torch.randn(1, 2, 8), kv_cache=ring.layers[0])
+    with pytest.raises(ValueError, match="holds at most 4 tokens, got capacity=8; give capacity=4"):
+        KVCache(1, 1, 4, 8, 4, window=4)
 
 
 def test_bounded_variants_still_refuse_more_than_the_context():

@@ -208,6 +208,38 @@ def test_prompt_from_file(char_ckpt, tmp_path):
         assert samples[0].startswith("speak.\nhear") and len(samples[0]) <= 14
 
 
+@pytest.mark.parametrize("decoder", ["eager", "compiled"])
+def test_prompts_file_is_one_padded_batch_equal_to_each_prompt_alone(char_ckpt, tmp_path,
+                                                                     decoder):
+    """``prompts=@file.txt``: one prompt per line (blank lines skipped), sampled as one
+    left-padded batch; greedy, each sample is what its prompt gives alone, printed after it."""
+    path, _, _ = char_ckpt
+    lines = ["First", "hear me speak " * 3, "Be"]  # 42 characters: cropped to the context, 32
+    (tmp_path / "prompts.txt").write_text("\n".join([lines[0], "", *lines[1:]]) + "\n")
+    args = (f"ckpt_path={path}", "device=cpu", "temperature=0", "max_new_tokens=30",
+            "stop_at_eot=false", f"decoder={decoder}")
+    samples, printed = run(*args, f"prompts=@{tmp_path / 'prompts.txt'}")
+    alone = [run(*args, f"prompt='{line}'")[0][0] for line in lines]
+    assert samples == alone
+    assert all(s.startswith(line) and len(s) > len(line) for s, line in zip(samples, lines, strict=True))
+    assert printed == generate_cli.SEPARATOR.join(samples) + "\n"
+
+
+def test_prompts_file_with_several_samples_each(char_ckpt, tmp_path):
+    path, _, _ = char_ckpt
+    (tmp_path / "prompts.txt").write_text("First\nBe\n\n")
+    samples, _ = run(f"ckpt_path={path}", f"prompts=@{tmp_path / 'prompts.txt'}",
+                     "num_samples=2", "max_new_tokens=10", "seed=3")
+    assert [s[:2] for s in samples] == ["Fi", "Fi", "Be", "Be"]  # grouped by prompt
+
+
+def test_empty_prompts_file_is_an_error(char_ckpt, tmp_path):
+    path, _, _ = char_ckpt
+    (tmp_path / "prompts.txt").write_text("\n  \n")
+    with pytest.raises(ValueError, match=r"prompts\.txt holds no prompt; write one prompt per"):
+        run(f"ckpt_path={path}", f"prompts=@{tmp_path / 'prompts.txt'}")
+
+
 def test_long_prompt_is_cropped(char_ckpt, capsys):
     path, _, _ = char_ckpt
     prompt = "hear me speak " * 5  # 70 characters, context_length 32
@@ -226,6 +258,10 @@ def test_long_prompt_is_cropped(char_ckpt, capsys):
         (["num_samples=0", "dtype=float8"], ValueError, r"num_samples=0 .*dtype='float8'"),
         (["decoder=static"], ValueError, r"decoder='static' must be one of \('auto', 'eager', "),
         (["prompt=@missing.txt"], FileNotFoundError, r"prompt file missing\.txt not found"),
+        (["prompts=@missing.txt"], FileNotFoundError, r"prompt file missing\.txt not found"),
+        (["prompts=hear"], ValueError, r"prompts='hear' must name a file, prompts=@path"),
+        (["prompt=hear", "prompts=@p.txt"], ValueError, "give one of prompt, prompt_file and "),
+        (["prompts=@p.txt", "attention_map=x.png"], ValueError, "attention_map draws one prompt"),
     ],
 )
 def test_bad_input_errors(char_ckpt, overrides, error, match):

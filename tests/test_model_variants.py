@@ -13,7 +13,6 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from minigpt.checkpoint import checkpoint_metadata, load_checkpoint
-from minigpt.kv_cache import RingKVCache
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate, pad_prompts
 from minigpt.tokenizer import get_tokenizer
@@ -86,10 +85,11 @@ def test_sizes_of_the_variants():
 
 def test_window_model_caches_are_rings_of_window_slots():
     model = tiny("rope_window")
-    caches = model.new_kv_caches(3)
-    assert all(isinstance(c, RingKVCache) and c.capacity == 5 for c in caches)
-    assert caches[0].keys.shape == (3, 2, 5, 16)
-    assert tiny("window").new_kv_caches(1, 4)[0].capacity == 4  # bounded by the context
+    cache = model.new_kv_cache(3)
+    assert cache.ring and cache.capacity == 5
+    assert len(cache.keys) == 2 and cache.keys[0].shape == (3, 2, 5, 16)  # one buffer per layer
+    bounded = tiny("window").new_kv_cache(1, 4)
+    assert bounded.capacity == 4 and not bounded.ring  # bounded by the context
 
 
 # --- the model's invariants, for every variant --------------------------------------------------
@@ -99,12 +99,31 @@ def test_window_model_caches_are_rings_of_window_slots():
 def test_kv_cache_in_chunks_equals_one_full_pass(name):
     model = tiny(name, init_std=0.02)
     idx = torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(1))
-    caches = model.new_kv_caches(2)
+    cache = model.new_kv_cache(2)
     parts, start = [], 0
     for n in (6, 1, 1, 5, 3):
-        parts.append(model(idx[:, start : start + n], kv_caches=caches))
+        parts.append(model(idx[:, start : start + n], kv_cache=cache))
         start += n
     torch.testing.assert_close(torch.cat(parts, 1), model(idx), rtol=1e-5, atol=1e-5)
+
+
+@variants
+def test_cache_rows_continue_each_picked_row(name):
+    """``KVCache.rows``: a context's cache continued several ways (multiple-choice scoring) gives
+    the logits of each full sequence, and leaves the original cache as it was."""
+    model = tiny(name, init_std=0.02)
+    gen = torch.Generator().manual_seed(3)
+    idx = torch.randint(0, 61, (2, 9), generator=gen)
+    rest = torch.randint(0, 61, (3, 3), generator=gen)
+    pick = torch.tensor([1, 1, 0])
+    with torch.inference_mode():
+        cache = model.new_kv_cache(2)
+        model(idx[:, :6], kv_cache=cache)
+        got = model(rest, kv_cache=cache.rows(pick))
+        full = model(torch.cat([idx[pick, :6], rest], 1))[:, 6:]
+        torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model(idx[:, 6:], kv_cache=cache), model(idx)[:, 6:],
+                                   rtol=1e-5, atol=1e-5)
 
 
 @variants

@@ -152,6 +152,17 @@ def test_greedy_with_cache_equals_without_cache():
     assert len(set(cached[0, 7:].tolist())) > 5  # a meaningful comparison, not one token repeated
 
 
+def test_bfloat16_autocast_decodes_into_the_float32_cache():
+    """The training-time sampler runs under bf16 autocast (``bf16-mixed``): keys and values come
+    out in bfloat16 and are stored in the float32 model's cache; the tokens are no cache's."""
+    model = tiny_model(context_length=16)
+    idx, mask = pad_prompts([[3, 1, 4, 1, 5, 9, 2], [6], [5, 3, 5]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cached = generate(model, idx, 30, temperature=0, key_padding_mask=mask)
+        uncached = generate(model, idx, 30, temperature=0, key_padding_mask=mask, use_cache=False)
+    assert torch.equal(cached, uncached)
+
+
 @pytest.mark.parametrize("crop_to", [None, 1, 5, 15, 16])
 def test_cache_matches_window_oracle_across_crops(crop_to):
     model = tiny_model(context_length=16)

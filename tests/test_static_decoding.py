@@ -1,7 +1,7 @@
-"""The fixed-shape decoder (minigpt.static_decoding) against two oracles: the eager KV-cache
-decoder and the model run on the whole window every step (no cache). Every attention variant,
-left-padded prompts, crops and sliding-window rings; then the compiled step (one graph, no
-recompiles) and the CUDA-graph path where a GPU is present."""
+"""The fixed-shape decoder (minigpt.static_decoding: GPT.forward over a ``sliced=False`` cache)
+against two oracles: the eager KV-cache decoder and the model run on the whole window every step
+(no cache). Every attention variant, left-padded prompts, crops and sliding-window rings; then
+the compiled step (one graph, no recompiles) and the CUDA-graph path where a GPU is present."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 VARIANTS = {  # GPTConfig fields at 4 heads
     "gpt2": {},
     "gqa": {"num_kv_heads": 2},
+    "mqa": {"num_kv_heads": 1},
     "rope": {"position": "rope"},
     "window": {"window": 5},
     "rope_window": {"position": "rope", "window": 5},
@@ -50,20 +51,34 @@ def test_greedy_tokens_match_eager_and_uncached_decoding(name, crop_to):
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
+def test_compiled_decoder_matches_eager_and_uncached_decoding(name):
+    """The compiled decoder (``GPT.forward`` over the fixed-shape cache, as generate.py runs it on
+    a GPU; here inductor on the CPU) decodes the tokens of the eager decoder and of no cache, for
+    one row and a left-padded batch, 40 tokens past the context (crops, refills, ring wraps)."""
+    torch._dynamo.reset()
+    model = tiny(name)
+    for idx, mask in ((torch.tensor([[3, 1, 4, 1, 5]]), None), _prompts()):
+        kwargs = dict(temperature=0, key_padding_mask=mask)
+        uncached = generate(model, idx, 40, use_cache=False, **kwargs)
+        assert torch.equal(generate(model, idx, 40, **kwargs), uncached)
+        decoder = StaticDecoder(model, idx.shape[0], compile=True)
+        assert torch.equal(generate(model, idx, 40, decoder=decoder, **kwargs), uncached)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
 def test_step_logits_match_the_eager_cache(name):
     model = tiny(name)
     idx, mask = _prompts()
     decoder = StaticDecoder(model, 3)
-    static_caches, eager_caches = decoder.kv_caches(), model.new_kv_caches(3)
+    eager_cache = model.new_kv_cache(3)
     position_ids = (torch.arange(7) - mask.sum(1, keepdim=True)).clamp(min=0)
     with torch.inference_mode():
-        for caches in (static_caches, eager_caches):
-            model(idx, key_padding_mask=mask, position_ids=position_ids, kv_caches=caches)
-        decoder.sync(static_caches, mask.sum(1).tolist())
+        for cache in (decoder.cache, eager_cache):
+            model(idx, key_padding_mask=mask, position_ids=position_ids, kv_cache=cache)
         for step in range(9):  # up to the context (16); the window models wrap their 5-slot rings
             token = torch.tensor([[step % 61], [7], [11 * step % 61]])
             positions = 7 + step - mask.sum(1, keepdim=True)
-            expected = model(token, position_ids=positions, kv_caches=eager_caches)
+            expected = model(token, position_ids=positions, kv_cache=eager_cache)
             got = decoder.step(token)
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)  # logits ~10
 
@@ -97,9 +112,10 @@ def test_wrong_decoder_is_refused():
 def test_bfloat16_weights_keep_bfloat16_caches():
     model = tiny("gqa").to(torch.bfloat16)
     decoder = StaticDecoder(model, 1)
-    assert len(decoder.keys) == len(decoder.values) == 2  # one buffer per layer
-    assert all(k.dtype == torch.bfloat16 for k in decoder.keys + decoder.values)
-    assert decoder.keys[0].shape == (1, 2, 16, 8)  # batch, kv heads, slots, head dim
+    keys, values = decoder.cache.keys, decoder.cache.values
+    assert len(keys) == len(values) == 2  # one buffer per layer
+    assert all(k.dtype == torch.bfloat16 for k in keys + values)
+    assert keys[0].shape == (1, 2, 16, 8)  # batch, kv heads, slots, head dim
     idx = torch.tensor([[1, 2, 3]])
     assert torch.equal(generate(model, idx, 10, temperature=0, decoder=decoder),
                        generate(model, idx, 10, temperature=0))
@@ -132,7 +148,7 @@ def test_compiled_step_writes_the_caches_in_place():
     decoder = StaticDecoder(model, 3, compile=True)
     with torch.inference_mode():
         _, code = run_and_get_code(decoder.step, torch.tensor([[1], [2], [3]]))
-    cache_shape = str(tuple(decoder.keys[0].shape))  # (3, 2, 16, 8)
+    cache_shape = str(tuple(decoder.cache.keys[0].shape))  # (3, 2, 16, 8)
     allocations = [line for line in "\n".join(code).splitlines()
                    if "empty_strided" in line and cache_shape in line]
     assert allocations == []

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -186,10 +186,10 @@ def _score_group_batch(model, groups, device) -> list[list[Score]]:
     threads wait for each other, so splitting the pass to save padding costs more than it
     saves.)"""
     Te = max(len(c) for _, continuations in groups for c in continuations)
-    last, caches, lengths = _run_contexts(model, [context for context, _ in groups], Te - 1,
+    last, cache, lengths = _run_contexts(model, [context for context, _ in groups], Te - 1,
                                           device)
     rows = [(g, c) for g, (_, continuations) in enumerate(groups) for c in continuations]
-    flat = _run_continuations(model, last, caches, lengths, rows, device)
+    flat = _run_continuations(model, last, cache, lengths, rows, device)
     out, at = [], 0
     for _, continuations in groups:
         out.append(flat[at:at + len(continuations)])
@@ -199,8 +199,8 @@ def _score_group_batch(model, groups, device) -> list[list[Score]]:
 
 def _run_contexts(model, contexts, room: int, device):
     """The contexts left-padded (each one's last token in the last column) through the model
-    into fresh KV caches with ``room`` more tokens: the hidden state that predicts each
-    continuation's first token (G, C), the caches, and the context lengths (G,)."""
+    into a fresh KV cache with ``room`` more tokens: the hidden state that predicts each
+    continuation's first token (G, C), the cache, and the context lengths (G,)."""
     G, Tc = len(contexts), max(map(len, contexts))
     ctx = torch.zeros(G, Tc, dtype=torch.long)  # (G, Tc)
     lengths = torch.tensor([len(context) for context in contexts])  # (G,)
@@ -209,13 +209,13 @@ def _run_contexts(model, contexts, room: int, device):
     cols = torch.arange(Tc)[None, :]  # (1, Tc)
     padding = cols < (Tc - lengths)[:, None]  # (G, Tc) True = padding
     positions = (cols - (Tc - lengths)[:, None]).clamp(min=0)  # (G, Tc)
-    caches = model.new_kv_caches(G, Tc + room, device=device)
+    cache = model.new_kv_cache(G, Tc + room, device=device)
     hidden = model.hidden_states(ctx.to(device), padding.to(device) if bool(padding.any()) else None,
-                                 positions.to(device), caches)  # (G, Tc, C)
-    return hidden[:, -1], caches, lengths
+                                 positions.to(device), cache)  # (G, Tc, C)
+    return hidden[:, -1], cache, lengths
 
 
-def _run_continuations(model, last, caches, lengths, rows, device) -> list[Score]:
+def _run_continuations(model, last, cache, lengths, rows, device) -> list[Score]:
     """Score ``rows`` of ``(group, continuation)``: each continuation's tokens but the last run
     after a copy of its group's cache, right-padded (the first token is predicted by ``last``)."""
     R, Te = len(rows), max(len(c) for _, c in rows)
@@ -223,8 +223,7 @@ def _run_continuations(model, last, caches, lengths, rows, device) -> list[Score
     hidden = last[group.to(device)][:, None]  # (R, 1, C) predicts each first token
     if Te > 1:
         pick = group.to(device)
-        copies = [replace(c, keys=c.keys[pick], values=c.values[pick], padding=c.padding[pick])
-                  for c in caches]
+        copies = cache.rows(pick)  # (R, ...) each row's context, continued its own way
         ends = torch.zeros(R, Te - 1, dtype=torch.long)  # (R, Te - 1) right-padded
         for r, (_, c) in enumerate(rows):
             ends[r, :len(c) - 1] = torch.tensor(list(c[:-1]))

@@ -1,7 +1,7 @@
 """Attention maps: every layer's softmax weights for a prompt, and a PNG grid of heatmaps.
 
 ``attention_maps`` needs torch only. It runs the model's own ``forward`` once with a pre-hook on
-each ``block.attn`` that hands the layer's input to ``MultiHeadAttention.attention_weights``, so the
+each of ``model.attention_layers()`` that hands the layer's input to ``MultiHeadAttention.attention_weights``, so the
 maps see exactly the inputs training and sampling see, and ``forward`` itself never computes
 weights. matplotlib is imported inside ``plot_attention`` only (Agg backend, no display needed).
 
@@ -42,7 +42,8 @@ def attention_maps(
         maps.append(attn.attention_weights(x, mask, positions))  # (B, nh, T, T)
 
     was_training = model.training
-    handles = [b.attn.register_forward_pre_hook(capture, with_kwargs=True) for b in model.blocks]
+    handles = [attn.register_forward_pre_hook(capture, with_kwargs=True)
+               for attn in model.attention_layers()]
     try:
         model.eval()
         model(idx, key_padding_mask=key_padding_mask, position_ids=position_ids)
