@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minigpt.errors import UserError, first_line
+from minigpt.errors import first_line
+from minigpt.safe_load import CheckpointError, load_tensors
+
+__all__ = ["CheckpointError", "load_tensors", "read_checkpoint", "load_checkpoint", "load_model"]
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -39,10 +42,6 @@ def checkpoint_metadata(model_config: dict, tokenizer: dict) -> dict:
         "model_config": dict(model_config),
         "tokenizer": dict(tokenizer),
     }
-
-
-class CheckpointError(UserError, ValueError):
-    """A checkpoint that cannot be read: missing, not minigpt's, or from another format version."""
 
 
 def read_checkpoint(path, map_location="cpu", *, sharded: bool = False) -> dict:
@@ -142,33 +141,6 @@ def _with_overrides(path, recorded: dict, overrides: dict) -> dict:
                               f"{saved} ({path}): its position table stops there; ask for "
                               f"context_length <= {saved}")
     return {**recorded, **{k: v for k, v in overrides.items() if v is not None}}
-
-
-def load_tensors(path, map_location="cpu", *, mmap: bool = False):
-    """``torch.load(path, weights_only=True)``: tensors and plain values, never code. A file that
-    torch cannot read this way is one ``CheckpointError`` line naming it: one holding Python
-    objects (which unpickling could turn into running code) is named as such and refused, a
-    damaged, truncated or foreign one as unreadable."""
-    import pickle
-
-    import torch
-
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as e:
-        # torch's message suggests weights_only=False: unsafe advice for a file from elsewhere.
-        # Its wording for a refused global changed case across versions ("unsupported GLOBAL").
-        if "unsupported global" in str(e).lower():
-            raise CheckpointError(
-                f"{path} holds Python objects besides tensors and plain values (pickled code "
-                "could run when loading it); minigpt refused to load it: use a file written by "
-                "minigpt (train.py, save_pretrained) or a model.safetensors") from None
-        raise CheckpointError(f"{path} is not a readable checkpoint (not a file torch.save "
-                              "wrote); a damaged or foreign file reads like this") from None
-    except Exception as e:  # zip and I/O errors of a truncated or foreign file come in many types
-        raise CheckpointError(f"{path} is not a readable checkpoint ({first_line(e)}); a "
-                              "truncated or half-copied file reads like this: copy it again") \
-            from None
 
 
 def is_sharded_checkpoint(path) -> bool:

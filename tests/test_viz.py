@@ -380,7 +380,7 @@ def test_run_logs_of_a_real_training_run_are_read(real_runs):
         assert run.sources[0].suffix == (".csv" if logger == "csv" else ".wandb")
         assert run.get(TRAIN_LOSS) is not None, (logger, run.sources, sorted(run.metrics))
         steps, loss = run.get(TRAIN_LOSS)
-        assert steps.tolist() == list(range(summary["steps"]))
+        assert steps.tolist() == list(range(1, summary["steps"] + 1))  # optimizer steps done
         assert all(2.0 < v < 6.0 for v in loss)  # about ln(vocab) this early
         val_steps, val = run.get(VAL_LOSS)
         assert len(val) == 2

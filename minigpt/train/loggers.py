@@ -91,7 +91,7 @@ class WandbRun(Logger):
     @rank_zero_only
     def log_metrics(self, metrics: dict, step: int | None = None) -> None:
         if self.run is not None:
-            self.run.log({**metrics, "trainer/step": step})
+            self.run.log({**metrics, "trainer/global_step": step})  # minigpt.viz reads it
 
     @rank_zero_only
     def log_samples(self, rows: list[list]) -> None:

@@ -19,7 +19,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from minigpt.checkpoint import CheckpointError, is_sharded_checkpoint, load_checkpoint
-from minigpt.errors import ConfigError
+from minigpt.errors import ConfigError, UserError
 from minigpt.model import GPT, GPTConfig
 from minigpt.tokenizer import get_tokenizer
 from minigpt.train.loggers import _wandb_logged_in, build_loggers
@@ -300,10 +300,10 @@ def test_init_from_checkpoint_and_hf_directory(tmp_path, data_root):
     ("threads=0", r"threads=0 must be null or a positive integer"),
     ("data.tokens_per_step=1000", r"data.tokens_per_step=1000 is not a multiple of data.batch_size "
      r"x context_length x processes = 4 x 32 x 1 = 128; fix: data.tokens_per_step=1024"),
-    ("+model.n_layers=3", r"unknown field\(s\) \['n_layers'\]"),
+    ("+model.n_layers=3", r"unknown config key model.n_layers: did you mean model.n_layer\?"),
 ])
 def test_bad_overrides_fail_before_training(tmp_path, data_root, override, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(UserError, match=message):  # ConfigError, or ConfigKeyError for a key
         run(tiny_cfg(data_root, override), tmp_path / "run")
     assert not (tmp_path / "run" / "checkpoints").exists()
 

@@ -1,0 +1,117 @@
+"""The recipe lab's table and picture: one row per run of ``experiment=recipe_lab``.
+
+    python train.py -m experiment=recipe_lab                  # one toy run per recipe rung
+    python bench/recipe_runs.py outputs/recipe_lab/<time> --out recipe_runs.png
+
+Give run directories or a sweep directory holding them (see ``attention_runs.py``). Per run:
+parameters, final val/loss, the first validated step at or below the baseline's final val/loss
+(``--baseline``: the run named gpt2, else the first) as steps and as a share of the baseline's
+steps, training tokens/s (median of the second half of the logged values) and time per step
+against the baseline's. The picture: val/loss against steps, and tokens/s per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from attention_runs import expand_runs  # noqa: E402
+
+from minigpt.checkpoint import load_checkpoint  # noqa: E402
+from minigpt.viz.run_plots import TOKENS_PER_SEC, VAL_LOSS, load_run  # noqa: E402
+
+
+@dataclass
+class Row:
+    name: str
+    params: int
+    val_loss: float | None
+    steps: int
+    val_steps: list  # validated steps
+    val_losses: list
+    train_tok_s: float | None
+
+    def first_step_at_or_below(self, loss: float) -> int | None:
+        return next((int(s) for s, v in zip(self.val_steps, self.val_losses, strict=True)
+                     if v <= loss), None)
+
+
+def read_run(run_dir: Path, name: str) -> Row:
+    model, _, _ = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    run = load_run(run_dir, name)
+    speeds = run.get(TOKENS_PER_SEC)
+    val = run.get(VAL_LOSS)
+    return Row(name, model.num_params(), summary.get("val_loss"), int(summary["steps"]),
+               list(val[0]) if val else [], list(val[1]) if val else [],
+               float(statistics.median(speeds[1][len(speeds[1]) // 2:])) if speeds else None)
+
+
+def format_table(rows: list[Row], baseline: Row) -> str:
+    target = baseline.val_loss
+    lines = [f"| run | params | val/loss | steps to {baseline.name}'s {target:.4f} | share of "
+             f"{baseline.name}'s steps | train tok/s | time per step vs {baseline.name} |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        reached = r.first_step_at_or_below(target) if target is not None else None
+        share = reached / baseline.steps if reached else None
+        slow = baseline.train_tok_s / r.train_tok_s if r.train_tok_s and baseline.train_tok_s \
+            else None
+        lines.append(f"| {r.name} | {r.params / 1e6:.2f}M | {_num(r.val_loss, '.4f')} | "
+                     f"{reached if reached else 'not reached'} | {_num(share, '.0%')} | "
+                     f"{_num(r.train_tok_s, ',.0f')} | {_num(slow, '.2f')}x |")
+    return "\n".join(lines)
+
+
+def _num(value, spec: str) -> str:
+    return "-" if value is None or value != value else format(value, spec)
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (loss_ax, speed_ax) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=90,
+                                            layout="constrained")
+    for i, r in enumerate(rows):
+        loss_ax.plot(r.val_steps, r.val_losses, marker="o", markersize=3, color=f"C{i % 10}",
+                     label=r.name)
+    loss_ax.set(title="val/loss", xlabel="step")
+    loss_ax.legend(fontsize=8)
+    loss_ax.grid(alpha=0.3)
+    speed_ax.bar([r.name for r in rows], [r.train_tok_s or 0.0 for r in rows],
+                 color=[f"C{i % 10}" for i in range(len(rows))])
+    speed_ax.set_title("train tok/s")
+    speed_ax.grid(axis="y", alpha=0.3)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    parser.add_argument("--labels", nargs="+", help="names, one per run (default: directory names)")
+    parser.add_argument("--baseline", help="the run the others are measured against (default: "
+                        "gpt2)")
+    parser.add_argument("--out", type=Path, default=Path("recipe_runs.png"))
+    args = parser.parse_args(argv)
+    run_dirs = expand_runs(args.run_dirs)
+    labels = args.labels or [d.name for d in run_dirs]
+    if len(labels) != len(run_dirs):
+        parser.error(f"{len(labels)} labels for {len(run_dirs)} run directories")
+    rows = [read_run(d, name) for d, name in zip(run_dirs, labels, strict=True)]
+    baseline = next((r for r in rows if r.name == (args.baseline or "gpt2")), rows[0])
+    print(format_table(rows, baseline))
+    plot(rows, args.out)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
