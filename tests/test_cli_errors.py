@@ -83,9 +83,21 @@ def cases(tmp: Path, checkpoint: Path) -> list[tuple[str, str, list[str], str]]:
     for name in ("bad1.txt", "bad2.txt"):
         (tmp / "corpus" / name).write_bytes(b"\xff\xfe\x00 not utf-8 \xc3\x28" * 20)
     data = f"data_root={tmp / 'data'}"
+    (tmp / "taken" / "checkpoints").mkdir(parents=True)  # another run's directory
+    (tmp / "taken" / "checkpoints" / "best.ckpt").write_bytes(b"theirs")
     return [
         ("huge context", "train.py", ["model.context_length=100000", data, *QUIET],
          "model.context_length=100000"),
+        ("a GPU this machine lacks", "train.py", ["trainer.accelerator=gpu", data, *QUIET],
+         "trainer.accelerator=gpu but this machine has no GPU"),
+        ("FSDP without GPUs", "train.py", ["trainer.strategy=fsdp", data, *QUIET],
+         "trainer.strategy=fsdp runs on GPUs and this machine has none"),
+        ("a misspelled key added with +", "train.py", ["+optim.learning_rate=1e-3", data, *QUIET],
+         "did you mean optim.lr"),
+        ("Muon under FSDP", "train.py", ["optim=muon", "trainer.strategy=fsdp", data, *QUIET],
+         "fsdp"),
+        ("another run's directory", "train.py",
+         [f"hydra.run.dir={tmp / 'taken'}", data, *QUIET], "holds another run's checkpoints"),
         ("huge batch", "train.py", ["data.batch_size=100000", data, *QUIET],
          "data.batch_size=100000"),
         ("truncated checkpoint", "train.py", [f"ckpt_path={truncated}", data, *QUIET],
@@ -161,6 +173,10 @@ def test_bad_inputs_are_one_line_and_exit_2(tmp_path, checkpoint_v1):
         written = [p for p in (tmp_path / "outputs").rglob(pattern)] \
             if (tmp_path / "outputs").exists() else []
         assert written == [], written
+    # and no run directory left by a failed start (an empty outputs/ may stay)
+    assert not [p for p in (tmp_path / "outputs").rglob("*")] \
+        if (tmp_path / "outputs").exists() else True
+    assert (tmp_path / "taken" / "checkpoints" / "best.ckpt").read_bytes() == b"theirs"
     assert not (tmp_path / "data" / "local_files" / "meta.json").exists()
     assert not list((tmp_path / "read-only").iterdir())
 

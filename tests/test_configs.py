@@ -78,6 +78,9 @@ def test_small_models_build_for_real(name):
 @pytest.mark.parametrize("experiment", options("experiment"))
 def test_experiments_compose(experiment):
     cfg = compose_train(f"experiment={experiment}")
+    if cfg.trainer.accelerator == "gpu" and not torch.cuda.is_available():
+        # the machine check refuses a GPU recipe here; everything else must pass
+        cfg = compose_train(f"experiment={experiment}", "trainer.accelerator=auto")
     check_config(cfg)
     assert cfg.optim.lr > cfg.optim.min_lr > 0
 
@@ -161,7 +164,7 @@ def test_trainer_problems_are_config_errors():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     cfg = compose_train("trainer=fsdp")
-    with pytest.raises(ConfigError, match="trainer: .*(GPU|gpu|CUDA|cuda)"):
+    with pytest.raises(ConfigError, match="trainer.strategy=fsdp runs on GPUs and this machine has none"):
         build_fabric(cfg, resolve_plan(cfg, world_size=1), loggers=[])
 
 

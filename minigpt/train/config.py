@@ -74,7 +74,7 @@ def check_config(cfg: DictConfig) -> None:
         if value is not None and (not isinstance(value, int) or value < low):
             problems.append(f"data.{key}={value!r} must be an integer >= {low}")
     problems += config_problems(cfg.eval) if "eval" in cfg else []
-    problems += _device_problems(t)
+    problems += _machine_problems(t) or _device_problems(t)
     problems += _batch_problems(cfg)
     model = OmegaConf.to_container(cfg.model, resolve=True)
     try:
@@ -99,6 +99,17 @@ def _batch_problems(cfg: DictConfig) -> list[str]:
                    cfg.model.context_length, devices * nodes)
     except ConfigError as e:
         return [str(e)]
+    return []
+
+
+def _machine_problems(t: DictConfig) -> list[str]:
+    """Settings this machine cannot run, named with what it offers."""
+    accelerator = t.get("accelerator", "auto")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    offers = f"{gpus} GPU(s)" if gpus else "no GPU (CUDA is not available), only the CPU"
+    if accelerator in ("gpu", "cuda") and not gpus:
+        return [f"trainer.accelerator={accelerator} but this machine has {offers}; use "
+                "trainer.accelerator=cpu or auto"]
     return []
 
 

@@ -4,6 +4,7 @@ loggers and hooks."""
 
 from __future__ import annotations
 
+import torch
 from lightning.fabric import Fabric
 from lightning.fabric.strategies import FSDPStrategy
 from omegaconf import DictConfig, OmegaConf
@@ -27,6 +28,10 @@ def build_fabric(cfg: DictConfig, plan: RunPlan, loggers: list, callbacks=()) ->
             precision=plan.precision, loggers=loggers, callbacks=list(callbacks),
         )
     except (ValueError, TypeError, RuntimeError) as e:
+        if plan.fsdp and not torch.cuda.is_available():  # Fabric's words name its own API
+            raise ConfigError("trainer.strategy=fsdp runs on GPUs and this machine has none "
+                              "(CUDA is not available); use trainer=ddp trainer.accelerator=cpu "
+                              "for several CPU processes, or trainer=cpu") from None
         raise ConfigError(f"trainer: {' '.join(str(e).split())}") from None
 
 

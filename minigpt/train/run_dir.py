@@ -73,7 +73,8 @@ def remove_unstarted(run_dir: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
         elif path.exists() or path.is_symlink():
             path.unlink(missing_ok=True)
-    try:
-        run_dir.rmdir()
-    except OSError:  # not empty: someone else's files
-        pass
+    for directory in (run_dir, run_dir.parent):  # and outputs/<date> when this run made it alone
+        try:
+            directory.rmdir()
+        except OSError:  # not empty: other runs or someone else's files
+            return
