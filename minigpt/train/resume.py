@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minigpt.checkpoint import METADATA_KEY, read_checkpoint
+from minigpt.model import GPTConfig
 from minigpt.train.config import ConfigError
 
 # Fields a resumed run may change: they do not alter the weights' shapes or meaning.
@@ -35,7 +36,12 @@ def read_resume_point(path: str, max_steps: int) -> ResumePoint:
         raise ConfigError(f"ckpt_path={path} is at step {step}; trainer.max_steps={max_steps}: "
                           f"raise trainer.max_steps above {step} to continue")
     meta = checkpoint[METADATA_KEY]
-    return ResumePoint(str(path), step, dict(meta["model_config"]), dict(meta["tokenizer"]))
+    try:  # fields added since the checkpoint was written take their defaults, as when loading
+        model_config = GPTConfig.from_dict(meta["model_config"]).to_dict()
+    except ValueError as e:
+        raise ConfigError(f"ckpt_path={path} records a model this minigpt cannot build: {e}") \
+            from None
+    return ResumePoint(str(path), step, model_config, dict(meta["tokenizer"]))
 
 
 def model_differences(resume: ResumePoint, model_config: dict, *, skip=()) -> list[str]:

@@ -576,3 +576,15 @@ def test_hellaswag_in_training_reaches_the_csv_log_and_summary(tmp_path, data_ro
     for key in ("eval/hellaswag_acc", "eval/hellaswag_acc_norm"):
         assert 0.0 <= summary[key] <= 1.0 and float(logged[0][key]) == summary[key]
         assert summary[key] * 6 == round(summary[key] * 6)  # a count of 6 items
+
+
+def test_a_checkpoint_of_the_lightning_trainer_resumes(tmp_path, data_root, checkpoint_v1):
+    """The text fixture (written by Lightning's Trainer at step 3) continues to step 5 and its
+    new checkpoint is in today's format."""
+    fixture_model = ["model.n_layer=1", "model.n_head=2", "model.n_embd=8",
+                     "model.context_length=16", "data.batch_size=2"]
+    summary = run(tiny_cfg(data_root, *fixture_model, "trainer.max_steps=5",
+                           f"ckpt_path={checkpoint_v1}"), tmp_path / "run")
+    assert summary["steps"] == 5 and math.isfinite(summary["val_loss"])
+    ckpt = torch.load(summary["last"], weights_only=True)
+    assert ckpt["minigpt"]["format_version"] == 2 and ckpt["data"]["batches_consumed"] == 5
