@@ -10,8 +10,10 @@ Model (From Scratch)*, ch. 3) and gives the same numbers for the same weights, b
 
 Variants, keyword-only and off by default (the plain path above is unchanged by them):
 grouped-query attention (``num_kv_heads``: fewer key/value heads, a smaller projection and KV
-cache), rotary position embeddings (``rope``, ``minigpt.rope``) and sliding-window attention
-(``window``, ``minigpt.window``). ``forward`` reads top to bottom: project, rotate (rope), write
+cache), rotary position embeddings (``rope``, ``minigpt.rope``), sliding-window attention
+(``window``, ``minigpt.window``) and QK-norm (``qk_norm``: queries and keys scaled to unit RMS
+per head as they leave the projection). ``forward`` reads top to bottom: project (and
+normalize), rotate (rope), write
 the KV cache (``minigpt.kv_cache``: the one cache, a ring for a window), attend, project out. It
 is the only code that attends: a prompt or one token, eager or captured in a CUDA graph.
 
@@ -51,6 +53,10 @@ class MultiHeadAttention(nn.Module):
             KV cache shrink accordingly. None: ``num_heads`` (multi-head attention).
         rope: rotate queries and keys by their positions (``minigpt.rope``), with ``rope_theta``.
         window: each query sees its last ``window`` keys only (``minigpt.window``); None: all.
+        qk_norm: RMS-normalize each head's queries and keys over the head dimension (no learned
+            gain, ``qk_norm_eps`` inside the square root) before rope and the attention product,
+            so a score's size is set by the angle between query and key, not their lengths. The
+            KV cache stores the normalized (and rotated) keys.
     """
 
     def __init__(
@@ -67,13 +73,15 @@ class MultiHeadAttention(nn.Module):
         rope: bool = False,
         rope_theta: float = 10000.0,
         window: int | None = None,
+        qk_norm: bool = False,
+        qk_norm_eps: float = 1e-5,
     ):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         problems = _check_sizes(d_in, d_out, context_length, num_heads, dropout)
         if not problems:  # the variants' checks need valid sizes
             problems = _check_variants(d_out // num_heads, num_heads, num_kv_heads, rope,
-                                       rope_theta, window)
+                                       rope_theta, window) + _check_qk_norm(qk_norm, qk_norm_eps)
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -84,6 +92,7 @@ class MultiHeadAttention(nn.Module):
         self.dropout = float(dropout)
         self.rope_theta = float(rope_theta) if rope else None  # None: no rotation
         self.window = window
+        self.qk_norm_eps = float(qk_norm_eps) if qk_norm else None  # None: no QK-norm
         kv_features = num_kv_heads * self.head_dim
         # rows: [queries; keys; values]; 3 * d_out without grouping
         self.qkv = nn.Linear(d_in, d_out + 2 * kv_features, bias=qkv_bias)
@@ -99,7 +108,8 @@ class MultiHeadAttention(nn.Module):
     def extra_repr(self) -> str:
         variants = "".join(f", {name}={value}" for name, value, default in (
             ("num_kv_heads", self.num_kv_heads, self.num_heads),
-            ("rope_theta", self.rope_theta, None), ("window", self.window, None))
+            ("rope_theta", self.rope_theta, None), ("window", self.window, None),
+            ("qk_norm_eps", self.qk_norm_eps, None))
             if value != default)
         return (f"d_in={self.d_in}, d_out={self.d_out}, num_heads={self.num_heads}, "
                 f"context_length={self.context_length}, dropout={self.dropout}{variants}")
@@ -209,7 +219,15 @@ class MultiHeadAttention(nn.Module):
     def _project(
         self, x: Tensor, key_padding_mask: Tensor | None, kv_cache: LayerCache | None
     ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries (B, nh, T, hd), keys and values (B, nkv, T, hd) of ``x``, QK-normalized when
+        asked: every caller (``forward``, ``attention_weights``) gets them from here."""
         self._check_inputs(x, key_padding_mask, kv_cache)
+        q, k, v = self._project_heads(x)
+        if self.qk_norm_eps is not None:
+            q, k = rms_norm_heads(q, self.qk_norm_eps), rms_norm_heads(k, self.qk_norm_eps)
+        return q, k, v
+
+    def _project_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         B, T, _ = x.shape
         if self.num_kv_heads != self.num_heads:
             return self._project_grouped(x)
@@ -276,6 +294,21 @@ def _check_variants(head_dim, num_heads, num_kv_heads, rope, rope_theta, window)
     if rope:
         problems += [check_rope_head_dim(head_dim), check_rope_theta(rope_theta)]
     return [p for p in problems if p]
+
+
+def _check_qk_norm(qk_norm, eps) -> list[str]:
+    if not isinstance(qk_norm, bool):
+        return [f"qk_norm={qk_norm!r} must be true or false"]
+    if qk_norm and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0):
+        return [f"qk_norm_eps={eps!r} must be a positive number"]
+    return []
+
+
+def rms_norm_heads(x: Tensor, eps: float) -> Tensor:
+    """``x / sqrt(mean(x**2) + eps)`` over the last (head) dimension, with no gain: QK-norm.
+    Before or after rope gives the same numbers up to rounding (a rotation keeps the length);
+    normalizing first keeps rope the last step before the cache, as without QK-norm."""
+    return F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
 def check_kv_heads(num_kv_heads, num_heads) -> str | None:

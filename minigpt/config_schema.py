@@ -49,6 +49,12 @@ class ModelSchema:
     position: str = "learned"
     rope_theta: float = 10000.0
     window: int | None = None
+    norm: str = "layernorm"  # the block options of the modern recipe (minigpt.model.GPTConfig)
+    qk_norm: bool = False
+    mlp: str = "gelu"
+    tie_head: bool = True
+    zero_init_proj: bool = False
+    logit_softcap: float | None = None
 
 
 @dataclass

@@ -35,11 +35,18 @@ _HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name
 _SUPPORTED_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")  # both are GELU, tanh approximation
 # GPTConfig fields a caller may set freely when loading; the others are fixed by the weights.
 _FREE_OVERRIDES = ("dropout", "context_length", "init_std")
-# GPTConfig's attention-variant fields: GPT-2's values (what its format holds), what they name.
+# GPTConfig's attention-variant and block-option fields: GPT-2's values (what its format holds),
+# what they name. zero_init_proj is not here: it only sets the starting weights, and the trained
+# block is GPT-2's.
 _GPT2_BLOCK = {"num_kv_heads": (None, "grouped-query attention"),
                "position": ("learned", "rotary position embeddings"),
                "rope_theta": (10000.0, "rotary position embeddings"),
-               "window": (None, "sliding-window attention")}
+               "window": (None, "sliding-window attention"),
+               "norm": ("layernorm", "RMSNorm"),
+               "qk_norm": (False, "QK-norm"),
+               "mlp": ("gelu", "a ReLU² MLP"),
+               "tie_head": (True, "an untied LM head"),
+               "logit_softcap": (None, "soft-capped logits")}
 
 # HF suffix (after "h.{i}.") -> ours (after "blocks.{i}."), and whether it is a Conv1D weight.
 _BLOCK_KEYS = {
@@ -182,7 +189,7 @@ def _config_from_hf(hf: dict, overrides: dict, where: Path) -> dict:
     values = dict(vocab_size=hf["vocab_size"], context_length=hf["n_positions"],
                   n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=0.0,
                   bias=True, qkv_bias=True, layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-                  init_std=hf.get("initializer_range", 0.02),
+                  init_std=hf.get("initializer_range", 0.02), zero_init_proj=False,
                   **{name: gpt2 for name, (gpt2, _) in _GPT2_BLOCK.items()})
     for key, value in overrides.items():
         if key not in values:  # values holds every GPTConfig field

@@ -1,5 +1,9 @@
 """The GPT-2-style language model: embeddings, pre-LayerNorm blocks, tied LM head.
 
+The block options of the modern recipe (RMSNorm, QK-norm, ReLU², an untied zero-initialized
+head, zero-initialized output projections, a tanh soft-cap on the logits) are ``GPTConfig``
+fields, each off by default, so ``GPTConfig()`` is GPT-2 exactly.
+
 Imports torch only: no Lightning, Hydra or wandb here, so the model can be used on its own.
 Shape letters: B batch, T tokens, C = n_embd, V = vocab_size.
 """
@@ -19,6 +23,8 @@ from minigpt.rope import check_rope_head_dim, check_rope_theta
 from minigpt.window import check_window
 
 POSITIONS = ("learned", "rope")
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "relu2")
 
 
 @dataclass
@@ -40,9 +46,16 @@ class GPTConfig:
     position: str = "learned"  # learned: a position table (GPT-2); rope: rotary embeddings
     rope_theta: float = 10000.0  # rope's base wavelength
     window: int | None = None  # each token attends to its last `window` tokens; None: all
+    # The block options of the modern recipe (the defaults are GPT-2's):
+    norm: str = "layernorm"  # layernorm (GPT-2) | rmsnorm: both block norms and the final one
+    qk_norm: bool = False  # queries and keys scaled to unit RMS per head before attending
+    mlp: str = "gelu"  # gelu (tanh approximation, GPT-2) | relu2: relu(x)**2
+    tie_head: bool = True  # the LM head is the token embedding; False: its own, zero-initialized
+    zero_init_proj: bool = False  # attention output and MLP down projections start at zero
+    logit_softcap: float | None = None  # logits = cap * tanh(logits / cap); None: no cap
 
     def __post_init__(self):
-        problems = self._size_problems() + self._variant_problems()
+        problems = self._size_problems() + self._variant_problems() + self._option_problems()
         if problems:
             raise ValueError("GPTConfig: " + "; ".join(problems))
 
@@ -78,6 +91,21 @@ class GPTConfig:
         problems.append(check_window(self.window))
         return [p for p in problems if p]
 
+    def _option_problems(self) -> list[str]:
+        problems = []
+        for name, choices in (("norm", NORMS), ("mlp", MLPS)):
+            if getattr(self, name) not in choices:
+                problems.append(f"{name}={getattr(self, name)!r} must be one of "
+                                f"{', '.join(choices)}")
+        for name in ("qk_norm", "tie_head", "zero_init_proj"):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(f"{name}={getattr(self, name)!r} must be true or false")
+        cap = self.logit_softcap
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float))
+                                or not 0 < cap < math.inf):
+            problems.append(f"logit_softcap={cap!r} must be a positive number or None")
+        return problems
+
     @property
     def kv_heads(self) -> int:
         """Key/value heads per layer (``n_head`` unless grouped)."""
@@ -98,44 +126,81 @@ class GPTConfig:
         return asdict(self)
 
 
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GPT-2's activation: GELU with the tanh approximation."""
+    return F.gelu(x, approximate="tanh")
+
+
+def relu_squared(x: Tensor) -> Tensor:
+    """ReLU²: relu(x)**2 (Primer, So et al. 2021; the modded-nanogpt speedrun and nanochat)."""
+    return F.relu(x).square()
+
+
+ACTIVATIONS = {"gelu": gelu_tanh, "relu2": relu_squared}  # GPTConfig.mlp -> activation
+
+
+def make_norm(config: GPTConfig) -> nn.Module:
+    """The normalization of ``config.norm`` over C features: GPT-2's LayerNorm, or RMSNorm.
+
+    RMSNorm keeps its learned gain (``elementwise_affine``): one C vector per norm, decayed by
+    nothing and stepped by AdamW, so a block can still scale its branch input as LayerNorm's
+    weight lets it; it has no bias (nothing to centre)."""
+    C = config.n_embd
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(C, eps=config.layer_norm_eps, elementwise_affine=True)
+    return nn.LayerNorm(C, eps=config.layer_norm_eps, bias=config.bias)
+
+
+def softcap(logits: Tensor, cap: float | None) -> Tensor:
+    """``cap * tanh(logits / cap)``: logits squashed smoothly into (-cap, cap); None: unchanged."""
+    return logits if cap is None else cap * torch.tanh(logits / cap)
+
+
 class FeedForward(nn.Module):
-    """Linear(C, 4C) -> GELU (tanh approximation, as GPT-2) -> Linear(4C, C)."""
+    """Linear(C, 4C) -> GELU (tanh approximation, as GPT-2; or ReLU²) -> Linear(4C, C)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.activation = ACTIVATIONS[config.mlp]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+        return self.proj(self.activation(self.fc(x)))
 
 
 class NextTokenLoss(nn.Module):
-    """Mean cross-entropy of the LM head's logits against the targets, in float32.
+    """Mean cross-entropy of the LM head's logits against the targets, in float32, the logits
+    soft-capped first when ``logit_softcap`` is set (in float32, as the softmax).
 
     A module of its own (with no parameters) so that a hardware speedup can swap in a kernel
     that never materializes the (B, T, V) logits (``minigpt.cpu.speed_up_training``)."""
 
+    def __init__(self, logit_softcap: float | None = None):
+        super().__init__()
+        self.logit_softcap = logit_softcap
+
     def forward(self, hidden: Tensor, head: nn.Linear, targets: Tensor,
                 ignore_index: int = -100) -> Tensor:
-        logits = head(hidden)  # (B, T, V)
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
+        logits = softcap(head(hidden).float(), self.logit_softcap)  # (B, T, V)
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(),
                                ignore_index=ignore_index)
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         C = config.n_embd
-        self.norm1 = nn.LayerNorm(C, eps=config.layer_norm_eps, bias=config.bias)
+        self.norm1 = make_norm(config)
         self.attn = MultiHeadAttention(
             C, C, config.context_length, config.dropout, config.n_head, config.qkv_bias,
             out_bias=config.bias, num_kv_heads=config.num_kv_heads,
             rope=config.position == "rope", rope_theta=config.rope_theta, window=config.window,
+            qk_norm=config.qk_norm, qk_norm_eps=config.layer_norm_eps,
         )
-        self.norm2 = nn.LayerNorm(C, eps=config.layer_norm_eps, bias=config.bias)
+        self.norm2 = make_norm(config)
         self.mlp = FeedForward(config)
         self.drop = nn.Dropout(config.dropout)  # on each residual branch, as GPT-2
 
@@ -150,7 +215,8 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """GPT-2: token + learned position embeddings, ``n_layer`` blocks, final LayerNorm, and an
     LM head that shares its weight with the token embedding. With ``position="rope"`` there is
-    no position table: the attention rotates queries and keys instead."""
+    no position table: the attention rotates queries and keys instead; with ``tie_head=False``
+    the head is a matrix of its own."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -161,15 +227,22 @@ class GPT(nn.Module):
             if config.position == "learned" else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.final_norm = nn.LayerNorm(C, eps=config.layer_norm_eps, bias=config.bias)
+        self.final_norm = make_norm(config)
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
-        self.lm_head.weight = self.tok_emb.weight  # tied, as GPT-2
-        self.next_token_loss = NextTokenLoss()
+        if config.tie_head:
+            self.lm_head.weight = self.tok_emb.weight  # tied, as GPT-2
+        self.next_token_loss = NextTokenLoss(config.logit_softcap)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """GPT-2 initialization: N(0, 0.02) everywhere, residual output projections scaled by
-        1/sqrt(2 * n_layer) so the residual stream's variance does not grow with depth."""
+        1/sqrt(2 * n_layer) so the residual stream's variance does not grow with depth.
+
+        Options (after GPT-2's draws, so every other weight is the one GPT-2's init gives):
+        ``zero_init_proj`` zeroes those output projections, so each block starts as the identity
+        and its branch grows from there; an untied head (``tie_head=False``) starts at zero, so
+        the first logits are uniform. Gradients still reach everything after a step: a zero
+        matrix gets the gradient of its output, and passes one back once it has moved."""
         std = self.config.init_std
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -178,14 +251,19 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                if module.bias is not None:
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                if module.weight is not None:
+                    nn.init.ones_(module.weight)
+                if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
         residual_std = std / math.sqrt(2 * self.config.n_layer)
         for block in self.blocks:
-            nn.init.normal_(block.attn.out_proj.weight, mean=0.0, std=residual_std)
-            nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
+            for proj in (block.attn.out_proj, block.mlp.proj):
+                nn.init.normal_(proj.weight, mean=0.0, std=residual_std)
+                if self.config.zero_init_proj:
+                    nn.init.zeros_(proj.weight)
+        if not self.config.tie_head:
+            nn.init.zeros_(self.lm_head.weight)
 
     def forward(
         self,
@@ -206,7 +284,12 @@ class GPT(nn.Module):
         x = self.hidden_states(idx, key_padding_mask, position_ids, kv_cache)
         if last_only:
             x = x[:, -1:]  # (B, 1, C)
-        return self.lm_head(x)  # (B, T, V)
+        return self.logits(x)  # (B, T, V)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The LM head on final hidden states (..., C) -> (..., V), soft-capped with
+        ``logit_softcap``: the one place logits are made (``forward``, benchmark scoring)."""
+        return softcap(self.lm_head(hidden), self.config.logit_softcap)
 
     def loss(
         self,
@@ -292,8 +375,9 @@ class GPT(nn.Module):
         return 2 * c.n_layer * c.kv_heads * (c.n_embd // c.n_head) * itemsize
 
     def num_params(self, include_position: bool = True) -> int:
-        """Parameter count with tied weights counted once; optionally without the position
-        embeddings (the convention of scaling-law papers)."""
+        """Parameter count with tied weights counted once (an untied head counts as its own
+        V x C); optionally without the position embeddings (the convention of scaling-law
+        papers)."""
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a tied tensor once
         if not include_position and self.pos_emb is not None:
             n -= self.pos_emb.weight.numel()
@@ -302,11 +386,15 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token (forward + backward): 6 N for the weights plus 12 L T C for
         attention scores and their use (Kaplan et al. 2020; PaLM appendix B), T capped at the
-        window for sliding-window attention. For MFU."""
+        window for sliding-window attention. An untied head's token embedding is a lookup, not a
+        matmul, so it does not count (tied, its one matrix counts once, for the head). For MFU."""
         c = self.config
         T = seq_len or c.context_length
         T = T if c.window is None else min(T, c.window)
-        return 6 * self.num_params(include_position=False) + 12 * c.n_layer * T * c.n_embd
+        matmul_params = self.num_params(include_position=False)
+        if not c.tie_head:
+            matmul_params -= self.tok_emb.weight.numel()
+        return 6 * matmul_params + 12 * c.n_layer * T * c.n_embd
 
     # Interop and sampling live in their own modules (minigpt.hf, minigpt.sampling), which never
     # import this one; these thin methods are the entry points nanoGPT and transformers users

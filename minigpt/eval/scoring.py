@@ -89,7 +89,7 @@ def score_rows(model, rows: Sequence[tuple[Sequence[int], int]], *, batch_size: 
                progress: Callable[[int], None] | None = None,
                through_forward: bool = False) -> list[Score]:
     """Score the last ``n`` tokens of each ``(tokens, n)`` row (``fit_row``'s output) under
-    ``model`` (a ``GPT``: ``hidden_states`` and ``lm_head``), ``batch_size`` rows per forward pass.
+    ``model`` (a ``GPT``: ``hidden_states`` and ``logits``), ``batch_size`` rows per forward pass.
     ``through_forward``: call ``model(idx)`` for the logits of every position instead, for
     wrappers whose weights only gather inside ``forward`` (FSDP).
 
@@ -264,7 +264,7 @@ def _scores_at(model, hidden, targets, counts: list[int], logits=None) -> list[S
         chunks = iter([logits[scored]])  # (M, V)
     else:
         hidden = hidden[scored]  # (M, C) only the positions that predict a target
-        chunks = (model.lm_head(hidden[s:s + HEAD_CHUNK])  # (m, V)
+        chunks = (model.logits(hidden[s:s + HEAD_CHUNK])  # (m, V)
                   for s in range(0, len(hidden), HEAD_CHUNK))
     logprobs, hits, done = [], [], 0
     for chunk in chunks:

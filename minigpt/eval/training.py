@@ -46,7 +46,7 @@ def hellaswag_in_training(model, tokenizer, items: Sequence[Item], device, batch
 
     ``model``: the ``GPT`` being trained, back in its training mode afterwards; ``autocast``:
     e.g. ``fabric.autocast``. By default the scorer calls ``model.hidden_states`` and
-    ``model.lm_head`` (the head only where an ending is scored): pass the plain module
+    ``model.logits`` (the head only where an ending is scored): pass the plain module
     (``fabric_model.module``; Fabric refuses calls of methods other than ``forward`` on its DDP
     wrapper, and the plain module holds the same weights). With FSDP, whose weights gather only
     inside ``forward``, pass the Fabric-wrapped model and ``through_forward=True`` (every

@@ -46,14 +46,22 @@ class MemoryEstimate:
 
 
 def num_parameters(n_layer: int, n_embd: int, vocab_size: int, context_length: int,
-                   position: str = "learned", kv_fraction: float = 1.0) -> int:
-    """GPT-2's parameter count (biases included, LM head tied to the token embedding);
-    ``kv_fraction``: key/value heads per head (grouped-query attention shrinks the projection)."""
+                   position: str = "learned", kv_fraction: float = 1.0, *,
+                   norm: str = "layernorm", tie_head: bool = True, bias: bool = True,
+                   qkv_bias: bool = True) -> int:
+    """A ``GPT``'s parameter count (GPT-2's by default: biases included, LM head tied to the
+    token embedding); ``kv_fraction``: key/value heads per head (grouped-query attention
+    shrinks the projection); ``norm="rmsnorm"``: norms with a gain and no bias;
+    ``tie_head=False``: a V x C head of its own; ``bias``, ``qkv_bias``: as ``GPTConfig``."""
     C = n_embd
-    per_block = 12 * C * C + 13 * C  # qkv, out_proj, fc, proj (+ biases), two LayerNorms
-    per_block -= round(2 * C * (1 - kv_fraction)) * (C + 1)  # keys and values of fewer heads
+    qkv_out = C + 2 * round(C * kv_fraction)  # queries, then keys and values of nkv heads
+    weights = qkv_out * C + C * C + 8 * C * C  # qkv, out_proj, fc and proj
+    biases = qkv_out * qkv_bias + 6 * C * bias  # qkv; out_proj (C), fc (4C), proj (C)
+    norm_params = 2 * C if norm == "layernorm" and bias else C  # gain (and LayerNorm's bias)
+    per_block = weights + biases + 2 * norm_params
     positions = context_length * C if position == "learned" else 0
-    return vocab_size * C + positions + n_layer * per_block + 2 * C
+    head = 0 if tie_head else vocab_size * C
+    return vocab_size * C + positions + n_layer * per_block + norm_params + head
 
 
 def estimate_training_memory(model: dict, batch_size: int, *, precision: str = "32-true",
@@ -67,7 +75,9 @@ def estimate_training_memory(model: dict, batch_size: int, *, precision: str = "
     cross-entropy on (B, T, V) logits."""
     L, C, V, T = (model[k] for k in ("n_layer", "n_embd", "vocab_size", "context_length"))
     kv_fraction = (model.get("num_kv_heads") or model["n_head"]) / model["n_head"]
-    P = num_parameters(L, C, V, T, model.get("position", "learned"), kv_fraction)
+    P = num_parameters(L, C, V, T, model.get("position", "learned"), kv_fraction,
+                       norm=model.get("norm", "layernorm"), tie_head=model.get("tie_head", True),
+                       bias=model.get("bias", True), qkv_bias=model.get("qkv_bias", True))
     mixed, half_weights = precision.endswith("-mixed"), precision.endswith("-true") and \
         not precision.startswith("32") and not precision.startswith("64")
     weight_bytes = 2 if half_weights else 4
@@ -152,7 +162,9 @@ def check_run_fits(plan, model: dict) -> None:
     (a GPTConfig dict), on the device the run will use."""
     processes = plan.world_size // plan.num_nodes  # the processes sharing one machine's RAM
     estimate = estimate_training_memory(
-        model, plan.batch.batch_size, precision=plan.precision, chunked_loss=plan.chunked_loss,
+        model, plan.batch.batch_size, precision=plan.precision,
+        # minigpt.cpu keeps the plain loss for soft-capped logits (speed_up_training)
+        chunked_loss=plan.chunked_loss and model.get("logit_softcap") is None,
         shards=plan.world_size if plan.fsdp else 1,
         activation_checkpointing=plan.fsdp and plan.activation_checkpointing,
     )
