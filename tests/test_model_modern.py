@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from minigpt.attention import MultiHeadAttention
 from minigpt.checkpoint import checkpoint_metadata, load_checkpoint
-from minigpt.cpu import speed_up_training
+from minigpt.cpu import speed_up_decoding, speed_up_training
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate, pad_prompts
 from minigpt.static_decoding import StaticDecoder
@@ -312,6 +312,17 @@ def test_compiled_static_decoder_equals_uncached(name):
     uncached = generate(model, idx, 30, use_cache=False, **kwargs)
     decoder = StaticDecoder(model, 3, compile=True)
     assert torch.equal(generate(model, idx, 30, decoder=decoder, **kwargs), uncached)
+
+
+@pytest.mark.parametrize("name", ["all", "all_rope_window_gqa"])
+def test_packed_cpu_decoding_equals_uncached(name):
+    """generate.py's CPU speedup (packed linear weights, the untied head among them)."""
+    model = scrambled(tiny(name))
+    idx, mask = _prompts()
+    kwargs = dict(temperature=0, key_padding_mask=mask)
+    uncached = generate(model, idx, 30, use_cache=False, **kwargs)
+    speed_up_decoding(model)
+    assert torch.equal(generate(model, idx, 30, **kwargs), uncached)
 
 
 # --- initialization and training ------------------------------------------------------------------
