@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from minigpt.attention import MultiHeadAttention
 from minigpt.checkpoint import checkpoint_metadata, load_checkpoint
-from minigpt.cpu import speed_up_training
+from minigpt.cpu import speed_up_decoding, speed_up_training
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate, pad_prompts
 from minigpt.static_decoding import StaticDecoder
@@ -314,6 +314,17 @@ def test_compiled_static_decoder_equals_uncached(name):
     assert torch.equal(generate(model, idx, 30, decoder=decoder, **kwargs), uncached)
 
 
+@pytest.mark.parametrize("name", ["all", "all_rope_window_gqa"])
+def test_packed_cpu_decoding_equals_uncached(name):
+    """generate.py's CPU speedup (packed linear weights, the untied head among them)."""
+    model = scrambled(tiny(name))
+    idx, mask = _prompts()
+    kwargs = dict(temperature=0, key_padding_mask=mask)
+    uncached = generate(model, idx, 30, use_cache=False, **kwargs)
+    speed_up_decoding(model)
+    assert torch.equal(generate(model, idx, 30, **kwargs), uncached)
+
+
 # --- initialization and training ------------------------------------------------------------------
 
 
@@ -412,3 +423,28 @@ def test_zero_initialized_projections_export_as_gpt2(tmp_path):
     again = GPT.from_pretrained(str(tmp_path / "hf"))
     idx = torch.randint(0, 61, (1, 8))
     torch.testing.assert_close(again(idx), model(idx))
+
+
+def test_a_training_run_with_every_option(tmp_path):
+    """train.py's run (the Fabric loop, Muon, the CPU speedups) on the toy data with the options:
+    finite losses, a checkpoint that reloads with them."""
+    from minigpt.data import prepare_dataset
+    from minigpt.train.run import run
+
+    overrides = [
+        "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.context_length=32",
+        "model.norm=rmsnorm", "model.qk_norm=true", "model.mlp=relu2", "model.tie_head=false",
+        "model.zero_init_proj=true", "model.logit_softcap=15", "optim=muon",
+        "data.batch_size=4", "data.val_tokens=256", "trainer=cpu", "trainer.max_steps=4",
+        "trainer.val_check_interval=4", "trainer.enable_progress_bar=false",
+        "trainer.precision=32-true", "logger=none", "optim.warmup_steps=1",
+        "sample.max_new_tokens=8", f"data_root={tmp_path / 'data'}"]
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    prepare_dataset(cfg.data, tmp_path / "data", progress=False)
+    summary = run(cfg, run_dir=tmp_path / "run")
+    assert summary["steps"] == 4 and math.isfinite(summary["val_loss"])
+    model, _, _ = load_checkpoint(summary["last"])
+    assert (model.config.norm, model.config.tie_head, model.config.logit_softcap) == \
+        ("rmsnorm", False, 15.0)
+    assert model.lm_head.weight.any()  # the zero head has moved
