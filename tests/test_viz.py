@@ -373,9 +373,9 @@ def real_runs(tmp_path_factory):
 
 
 def test_run_logs_of_a_real_training_run_are_read(real_runs):
-    from minigpt.viz.run_plots import LR, TOKENS, TOKENS_PER_SEC, TRAIN_LOSS, VAL_LOSS, load_run
-
     import shutil
+
+    from minigpt.viz.run_plots import LR, TOKENS, TOKENS_PER_SEC, TRAIN_LOSS, VAL_LOSS, load_run
 
     for logger, summary in real_runs.items():
         if logger == "wandb":  # a wandb run also writes metrics.csv, which is read first

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from minigpt.errors import ConfigError
-from minigpt.model import Block
+from minigpt.model import GPT, Block
 
 
 def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, decay_steps: int) -> float:
@@ -67,16 +67,18 @@ def schedule_for(optimizer: torch.optim.Optimizer, optim: dict) -> torch.optim.l
 
 def param_groups(model: nn.Module, weight_decay: float, exclude: set[int] = frozenset()) -> list[dict]:
     """AdamW groups: weight decay on the weight matrices of ``nn.Linear`` layers only; biases,
-    LayerNorm and embeddings (including the LM head tied to the token embedding) get none.
+    norms, embeddings and the LM head (tied to the token embedding or not: an untied head is
+    the embedding's mirror and is not decayed either) get none.
     ``exclude``: ids of parameters another optimizer steps.
 
     Decided by module type, not ``p.dim()``, so it also holds for FSDP's flattened shards."""
     embedding_ids = {
         id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
     }
+    head_ids = {id(m.lm_head.weight) for m in model.modules() if isinstance(m, GPT)}
     decay_ids = {
         id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)
-    } - embedding_ids
+    } - embedding_ids - head_ids
     decay, no_decay = [], []
     for p in model.parameters():  # yields a tied tensor once
         if p.requires_grad and id(p) not in exclude:

@@ -91,3 +91,11 @@ def test_muon_where_it_cannot_run_is_one_line():
         check_muon_runs("muon", "fsdp", "bf16-mixed")
     with pytest.raises(ConfigError, match="trainer.precision=16-mixed.*bf16-mixed or 32-true"):
         check_muon_runs("muon", "auto", "16-mixed")
+
+
+def test_an_untied_head_is_not_decayed():
+    model = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=1, n_head=2, n_embd=16,
+                          tie_head=False))
+    decay, _ = param_groups(model, 0.1)
+    assert id(model.lm_head.weight) not in {id(p) for p in decay["params"]}
+    assert len(decay["params"]) == 4  # qkv, out_proj, fc, proj
