@@ -112,14 +112,16 @@ def _run(cfg: DictConfig, run_dir: Path, callbacks: list) -> dict:
         loop.progress = Progress(restored["global_step"], restored["best_val_loss"])
         loop.pending_rng = restored["rng"]
     start_run_dir(cfg, fabric, setup, plan, run_dir, ckpt_path)
+    status = "failed"  # what the loggers are told: a crash, or an interrupt's exit
     try:
         with out_of_memory_as_resource_error(cfg):
             loop.fit()
         if plan.sharded_checkpoints:
             consolidate_at_end(fabric, run_dir / "checkpoints")
+        status = "success"
     finally:
         for logger in fabric.loggers:
-            logger.finalize("success")
+            logger.finalize(status)
     return finish(fabric, loop, run_dir)
 
 
