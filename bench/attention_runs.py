@@ -69,6 +69,16 @@ def expand_runs(paths: list[Path]) -> list[Path]:
     return runs
 
 
+def labelled_runs(parser, run_dirs: list[Path], labels: list[str] | None) -> list[tuple]:
+    """``(run directory, name)`` for the runs in ``run_dirs`` (sweeps expanded); the names are
+    ``labels`` or the directories' names."""
+    run_dirs = expand_runs(run_dirs)
+    labels = labels or [d.name for d in run_dirs]
+    if len(labels) != len(run_dirs):
+        parser.error(f"{len(labels)} labels for {len(run_dirs)} run directories")
+    return list(zip(run_dirs, labels, strict=True))
+
+
 def describe(config) -> str:
     """The attention block of a model config in a few words."""
     parts = [f"{config.kv_heads}/{config.n_head} kv heads", config.position]
@@ -214,12 +224,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.run_dirs:
         parser.error("name at least one run directory")
-    args.run_dirs = expand_runs(args.run_dirs)
-    labels = args.labels or [d.name for d in args.run_dirs]
-    if len(labels) != len(args.run_dirs):
-        parser.error(f"{len(labels)} labels for {len(args.run_dirs)} run directories")
     rows, models, runs = [], {}, []
-    for run_dir, name in zip(args.run_dirs, labels, strict=True):
+    for run_dir, name in labelled_runs(parser, args.run_dirs, args.labels):
         row, models[name], batch_size, run = read_run(run_dir, name)
         row.train_peak_mib = in_subprocess(__file__, [
             "--measure-memory", str(run_dir / "checkpoints" / "last.ckpt"),

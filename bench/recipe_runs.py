@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from attention_runs import expand_runs  # noqa: E402
+from attention_runs import labelled_runs  # noqa: E402
 
 from minigpt.checkpoint import load_checkpoint  # noqa: E402
 from minigpt.viz.run_plots import TOKENS_PER_SEC, VAL_LOSS, load_run  # noqa: E402
@@ -102,11 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                         "gpt2)")
     parser.add_argument("--out", type=Path, default=Path("recipe_runs.png"))
     args = parser.parse_args(argv)
-    run_dirs = expand_runs(args.run_dirs)
-    labels = args.labels or [d.name for d in run_dirs]
-    if len(labels) != len(run_dirs):
-        parser.error(f"{len(labels)} labels for {len(run_dirs)} run directories")
-    rows = [read_run(d, name) for d, name in zip(run_dirs, labels, strict=True)]
+    rows = [read_run(d, name) for d, name in labelled_runs(parser, args.run_dirs, args.labels)]
     baseline = next((r for r in rows if r.name == (args.baseline or "gpt2")), rows[0])
     print(format_table(rows, baseline))
     plot(rows, args.out)

@@ -94,7 +94,6 @@ class Loop:
     pending_rng: dict | None = None  # restored once the training batches are ready
     stop: StopRequest | None = None
     lrs: dict = field(default_factory=dict)  # the learning rates of the latest step, by name
-    metrics: dict = field(default_factory=dict)  # the last values logged, by name
 
     @property
     def model(self) -> GPT:
@@ -179,7 +178,6 @@ class Loop:
         return self.progress
 
     def log(self, metrics: dict, step: int) -> None:
-        self.metrics.update(metrics)
         self.fabric.log_dict(metrics, step=step)
 
     # ---- validation, samples, checkpoints -------------------------------------------------------
