@@ -2,7 +2,7 @@
 
 The core model (``minigpt.model``) is plain PyTorch and never imports this package. These two
 calls swap a built model's modules for faster CPU versions that reuse the same ``Parameter``
-objects, so outputs and gradients agree within float32 rounding, tied weights stay tied and the
+objects (or compile a block's training forward in place), so outputs and gradients agree within float32 rounding, tied weights stay tied and the
 state-dict keys do not change::
 
     model = GPT(GPTConfig(...))
@@ -23,6 +23,8 @@ import torch
 from torch import nn
 
 from minigpt.cpu import onednn
+from minigpt.cpu.blocks import compile_training_forward, compiler_works, is_compiled_for_training
+from minigpt.cpu.blocks import unfused_options
 from minigpt.cpu.host_memory import keep_freed_memory as _keep_freed_memory
 from minigpt.cpu.linear import OneDNNLinear
 from minigpt.cpu.loss import ChunkedNextTokenLoss
@@ -35,8 +37,11 @@ def speed_up_training(model: nn.Module, *, precision: str = "32-true", compiled:
                       keep_freed_memory: bool = True) -> list[str]:
     """Make a CPU model train faster, in place; return what was applied.
 
-    * float32 linear layers multiply on oneDNN (``minigpt.cpu.linear``), unless ``compiled``
-      (the compiler picks its own kernels);
+    * blocks with options that have no fused CPU kernel (RMSNorm, QK-norm, rotary embeddings,
+      ReLU²; ``minigpt.cpu.blocks``) compile their training forward, unless ``compiled`` (the
+      whole model is), the model has a sliding window or no C++ compiler is found;
+    * float32 linear layers of the other blocks and the head multiply on oneDNN
+      (``minigpt.cpu.linear``), unless ``compiled`` (the compiler picks its own kernels);
     * the LM-head loss runs in chunks without materializing the logits (``minigpt.cpu.loss``),
       unless ``compiled``, ``precision`` is float16 or the model soft-caps its logits (the
       chunked kernel computes plain logits; the list then says the loss stayed plain);
@@ -49,8 +54,9 @@ def speed_up_training(model: nn.Module, *, precision: str = "32-true", compiled:
         applied.append("glibc keeps freed memory")
     if compiled:
         return applied
+    compiled_blocks = _compile_blocks(model, applied)
     if onednn.available():
-        n = _swap_linears(model, OneDNNLinear.like, skip=OneDNNLinear)
+        n = _swap_linears(model, OneDNNLinear.like, skip=OneDNNLinear, keep=compiled_blocks)
         if n:
             applied.append(f"oneDNN float32 linear layers ({n})")
     loss = getattr(model, "next_token_loss", None)
@@ -83,10 +89,36 @@ def _device_type(model: nn.Module) -> str:
     return first.device.type if first is not None else "cpu"
 
 
-def _swap_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module], skip: type) -> int:
-    """Replace every ``nn.Linear`` below ``model`` by ``make(layer)``; return how many."""
+def _compile_blocks(model: nn.Module, applied: list[str]) -> list[nn.Module]:
+    """Compile the training forward of ``model.blocks`` when their options run unfused (noted in
+    ``applied``); return the compiled blocks."""
+    config, blocks = getattr(model, "config", None), getattr(model, "blocks", None)
+    options = unfused_options(config) if config is not None and blocks is not None else []
+    if not options:
+        return []
+    if config.window is not None:
+        applied.append(f"eager blocks ({', '.join(options)}; window: not compiled)")
+        return []
+    if not compiler_works():
+        applied.append(f"eager blocks ({', '.join(options)}; torch.compile found no C++ compiler)")
+        return []
+    todo = [block for block in blocks if not is_compiled_for_training(block)]
+    for block in todo:
+        compile_training_forward(block)
+    if todo:
+        applied.append(f"compiled blocks ({', '.join(options)}) ({len(todo)})")
+    return list(blocks)
+
+
+def _swap_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module], skip: type,
+                  keep: list[nn.Module] = ()) -> int:
+    """Replace every ``nn.Linear`` below ``model``, except below ``keep``, by ``make(layer)``;
+    return how many."""
+    kept = {id(m) for module in keep for m in module.modules()}
     count = 0
     for parent in list(model.modules()):
+        if id(parent) in kept:
+            continue
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear) and not isinstance(child, skip):
                 setattr(parent, name, make(child))

@@ -89,3 +89,68 @@ def test_float16_keeps_the_plain_loss():
     _, fast, applied = plain_and_fast(precision="16-mixed")
     assert "chunked LM-head loss" not in applied
     assert type(fast.next_token_loss) is NextTokenLoss
+
+
+MODERN = dict(TINY, norm="rmsnorm", qk_norm=True, position="rope", mlp="relu2", tie_head=False,
+              logit_softcap=15.0)
+UNFUSED = "norm=rmsnorm, qk_norm, position=rope, mlp=relu2"
+
+
+def modern_plain_and_fast(monkeypatch=None, works=True, **options):
+    if monkeypatch is not None:
+        monkeypatch.setattr(minigpt.cpu, "compiler_works", lambda: works)
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(**dict(MODERN, **options)))
+    with torch.no_grad():  # the zero-initialized head would give every parameter a zero grad
+        plain.lm_head.weight.normal_(std=0.02)
+    fast = copy.deepcopy(plain)
+    return plain, fast, speed_up_training(fast, keep_freed_memory=False)
+
+
+def test_unfused_blocks_train_through_a_compiled_forward_with_the_plain_numbers():
+    plain, fast, applied = modern_plain_and_fast()
+    assert applied[0] == f"compiled blocks ({UNFUSED}) (2)"
+    assert type(fast.blocks[0].attn.qkv) is nn.Linear  # the compiler picks the block's kernels
+    params = {id(p) for p in fast.parameters()}
+    assert speed_up_training(fast, keep_freed_memory=False) == [
+        "plain LM-head loss (logit_softcap: no chunked kernel)"]  # nothing compiled twice
+    assert {id(p) for p in fast.parameters()} == params
+    assert list(fast.state_dict()) == list(plain.state_dict())
+    idx, targets = batch()
+    expected, loss = plain.loss(idx, targets), fast.loss(idx, targets)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    expected_grads = torch.autograd.grad(expected, list(plain.parameters()))
+    grads = torch.autograd.grad(loss, list(fast.parameters()))
+    for g, e in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+    assert all(g.abs().sum() > 0 for g in grads)  # the comparison is not of zeros
+
+
+def test_compiled_blocks_decode_eagerly_as_the_plain_model():
+    plain, fast, _ = modern_plain_and_fast()
+    plain.eval(), fast.eval()
+    idx, _ = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(fast(idx), plain(idx), rtol=1e-5, atol=1e-5)
+        cache = fast.new_kv_cache(batch_size=2, capacity=16)
+        first = fast(idx[:, :10], kv_cache=cache)
+        step = fast(idx[:, 10:11], kv_cache=cache)
+        torch.testing.assert_close(torch.cat([first, step], 1), plain(idx[:, :11]),
+                                   rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("works, window, why", [
+    (False, None, "torch.compile found no C++ compiler"),
+    (True, 8, "window: not compiled"),
+])
+def test_unfused_blocks_stay_eager_without_a_compiler_or_with_a_window(works, window, why,
+                                                                       monkeypatch):
+    _, fast, applied = modern_plain_and_fast(monkeypatch, works=works, window=window)
+    assert applied[0] == f"eager blocks ({UNFUSED}; {why})"
+    assert not minigpt.cpu.blocks.is_compiled_for_training(fast.blocks[0])
+
+
+def test_gpt2_blocks_are_not_compiled():
+    _, fast, applied = plain_and_fast()
+    assert not any("blocks" in line for line in applied)
+    assert not minigpt.cpu.blocks.is_compiled_for_training(fast.blocks[0])
