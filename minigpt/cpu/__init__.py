@@ -23,8 +23,12 @@ import torch
 from torch import nn
 
 from minigpt.cpu import onednn
-from minigpt.cpu.blocks import compile_training_forward, compiler_works, is_compiled_for_training
-from minigpt.cpu.blocks import unfused_options
+from minigpt.cpu.blocks import (
+    compile_training_forward,
+    compiler_works,
+    is_compiled_for_training,
+    unfused_options,
+)
 from minigpt.cpu.host_memory import keep_freed_memory as _keep_freed_memory
 from minigpt.cpu.linear import OneDNNLinear
 from minigpt.cpu.loss import ChunkedNextTokenLoss
