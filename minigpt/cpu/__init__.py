@@ -46,9 +46,8 @@ def speed_up_training(model: nn.Module, *, precision: str = "32-true", compiled:
       whole model is), the model has a sliding window or no C++ compiler is found;
     * float32 linear layers of the other blocks and the head multiply on oneDNN
       (``minigpt.cpu.linear``), unless ``compiled`` (the compiler picks its own kernels);
-    * the LM-head loss runs in chunks without materializing the logits (``minigpt.cpu.loss``),
-      unless ``compiled``, ``precision`` is float16 or the model soft-caps its logits (the
-      chunked kernel computes plain logits; the list then says the loss stayed plain);
+    * the LM-head loss runs in chunks without materializing the logits (``minigpt.cpu.loss``,
+      soft-capped as the model's), unless ``compiled`` or ``precision`` is float16;
     * glibc keeps freed large blocks for reuse (``minigpt.cpu.host_memory``; process-wide).
     """
     if _device_type(model) != "cpu":
@@ -64,12 +63,10 @@ def speed_up_training(model: nn.Module, *, precision: str = "32-true", compiled:
         if n:
             applied.append(f"oneDNN float32 linear layers ({n})")
     loss = getattr(model, "next_token_loss", None)
-    if isinstance(loss, nn.Module) and not str(precision).startswith("16"):
-        if getattr(loss, "logit_softcap", None) is not None:
-            applied.append("plain LM-head loss (logit_softcap: no chunked kernel)")
-        else:
-            model.next_token_loss = ChunkedNextTokenLoss()
-            applied.append("chunked LM-head loss")
+    if isinstance(loss, nn.Module) and not isinstance(loss, ChunkedNextTokenLoss) \
+            and not str(precision).startswith("16"):
+        model.next_token_loss = ChunkedNextTokenLoss(getattr(loss, "logit_softcap", None))
+        applied.append("chunked LM-head loss")
     return applied
 
 

@@ -1,7 +1,7 @@
 """Cross-entropy over the LM head without materializing the (N, V) logits, for CPU training.
 
 ``linear_cross_entropy(h, W, targets)`` equals ``F.cross_entropy((h @ W.T).float(), targets)``
-(mean over non-ignored targets), but walks the N rows in chunks: each chunk's logits live in one
+(mean over non-ignored targets; with ``softcap``, of the logits ``cap * tanh(logits / cap)``), but walks the N rows in chunks: each chunk's logits live in one
 reused buffer, the softmax is taken in float32, and the gradients for ``h`` and ``W`` are computed
 right there (softmax - one-hot, scaled by 1 / n_valid), so backward only scales them. For GPT-2
 the logits are the largest activations of a step (N x 50304 floats, gradient and log-softmax
@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from minigpt.cpu.linear import uses_onednn
 from minigpt.cpu.onednn import matmul_nt
+from minigpt.model import NextTokenLoss
 
 # Logits per chunk (128 MiB in float32): big enough that each chunk's matmuls run at full speed
 # and the (V, C) weight gradient is not re-accumulated too often.
@@ -29,8 +30,9 @@ _CHUNK_ELEMENTS = 2**25
 
 
 def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = -100,
-                         chunk_rows: int | None = None) -> Tensor:
-    """Mean cross-entropy of logits ``h @ weight.T`` against ``targets``.
+                         chunk_rows: int | None = None, softcap: float | None = None) -> Tensor:
+    """Mean cross-entropy of logits ``h @ weight.T`` (soft-capped to ``softcap * tanh(z /
+    softcap)`` in float32 when given) against ``targets``.
 
     ``h`` (N, C), ``weight`` (V, C), ``targets`` (N,) int; targets equal to ``ignore_index`` do not
     count. Returns a float32 scalar (NaN if every target is ignored, as ``F.cross_entropy``).
@@ -42,8 +44,8 @@ def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, ignore_inde
         raise ValueError(f"targets must have shape ({h.shape[0]},), got {tuple(targets.shape)}")
     chunk = chunk_rows or max(1, _CHUNK_ELEMENTS // weight.shape[0])
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(h, weight, targets, ignore_index, chunk)
-    loss, _, _ = _forward(h, weight, targets, ignore_index, chunk, need_grads=False)
+        return _LinearCrossEntropy.apply(h, weight, targets, ignore_index, chunk, softcap)
+    loss, _, _ = _forward(h, weight, targets, ignore_index, chunk, softcap, need_grads=False)
     return loss
 
 
@@ -54,7 +56,7 @@ def _compute_dtype(h: Tensor) -> torch.dtype:
 
 
 def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chunk: int,
-             need_grads: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+             softcap: float | None, need_grads: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
     dtype = _compute_dtype(h)
     hc, wc = h.detach().to(dtype), weight.detach().to(dtype)
     N, V = h.shape[0], weight.shape[0]
@@ -73,6 +75,7 @@ def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chun
     logits = None if onednn else torch.empty(rows, V, dtype=dtype, device=h.device)
     logits32 = logits if dtype == torch.float32 else torch.empty(rows, V, device=h.device)
     probs_buffer = torch.empty(rows, V, device=h.device)
+    capped_buffer = torch.empty(rows, V, device=h.device) if softcap is not None else None
     for start in range(0, N, chunk):
         end = min(start + chunk, N)
         n = end - start
@@ -81,6 +84,10 @@ def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chun
         else:
             z = torch.mm(hc[start:end], wc.t(), out=logits[:n])  # (n, V)
         z32 = z if dtype == torch.float32 else logits32[:n].copy_(z)
+        tanh = None
+        if softcap is not None:  # z32 keeps tanh(z / cap) for the backward, z32 the capped logits
+            tanh = z32.div_(softcap).tanh_()
+            z32 = torch.mul(tanh, softcap, out=capped_buffer[:n])
         probs = torch._softmax(z32, -1, False, out=probs_buffer[:n])  # float32
         t = safe_targets[start:end, None]  # (n, 1)
         row_loss = probs.gather(1, t).squeeze(1).log_().neg_()  # -log p(target)
@@ -95,6 +102,8 @@ def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chun
         if need_grads:
             # d(mean loss)/d logits = (softmax - one_hot) * row_scale.
             probs.scatter_add_(1, t, torch.full_like(t, -1, dtype=probs.dtype))
+            if tanh is not None:  # through the cap: d(cap tanh(z / cap))/dz = 1 - tanh²
+                probs.mul_(tanh.square_().neg_().add_(1.0))
             # In the matmul dtype, as autocast's backward would use; z is free to reuse.
             g = probs if dtype == torch.float32 else z.copy_(probs)
             grad_w = _chunk_grads(g, hc[start:end], wc, row_scale, grad_h[start:end], grad_w,
@@ -131,8 +140,9 @@ def _chunk_grads(g: Tensor, h_rows: Tensor, wc: Tensor, row_scale: Tensor, grad_
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, targets, ignore_index, chunk):
-        loss, grad_h, grad_w = _forward(h, weight, targets, ignore_index, chunk, need_grads=True)
+    def forward(ctx, h, weight, targets, ignore_index, chunk, softcap):
+        loss, grad_h, grad_w = _forward(h, weight, targets, ignore_index, chunk, softcap,
+                                        need_grads=True)
         ctx.save_for_backward(grad_h, grad_w)
         ctx.dtypes = (h.dtype, weight.dtype)
         return loss
@@ -145,13 +155,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # The saved gradients are ours alone (computed in forward): scale them in place.
         grad_h = grad_h.mul_(grad_loss).to(h_dtype) if ctx.needs_input_grad[0] else None
         grad_w = grad_w.mul_(grad_loss).to(w_dtype) if ctx.needs_input_grad[1] else None
-        return grad_h, grad_w, None, None, None
+        return grad_h, grad_w, None, None, None, None
 
 
 def reference_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor,
-                            ignore_index: int = -100) -> Tensor:
+                            ignore_index: int = -100, softcap: float | None = None) -> Tensor:
     """The plain formulation ``linear_cross_entropy`` must equal (for tests and checks)."""
-    return F.cross_entropy((h @ weight.t()).float(), targets, ignore_index=ignore_index)
+    logits = (h @ weight.t()).float()
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    return F.cross_entropy(logits, targets, ignore_index=ignore_index)
 
 
 class ChunkedNextTokenLoss(nn.Module):
@@ -159,13 +172,16 @@ class ChunkedNextTokenLoss(nn.Module):
     gradients, without the (B, T, V) logits. A bias on the head (GPT-2 has none) or fp16 autocast
     (whose loss scale arrives too late for these fp16 gradient terms) take the plain path."""
 
+    def __init__(self, logit_softcap: float | None = None):
+        super().__init__()
+        self.logit_softcap = logit_softcap
+
     def forward(self, hidden: Tensor, head: nn.Linear, targets: Tensor,
                 ignore_index: int = -100) -> Tensor:
         fp16 = torch.is_autocast_enabled(hidden.device.type) and \
             torch.get_autocast_dtype(hidden.device.type) == torch.float16
         if head.bias is not None or fp16:
-            return F.cross_entropy(head(hidden).flatten(0, 1).float(), targets.flatten(),
-                                   ignore_index=ignore_index)
+            return NextTokenLoss(self.logit_softcap)(hidden, head, targets, ignore_index)
         return linear_cross_entropy(hidden.flatten(0, 1), head.weight, targets.flatten(),
-                                    ignore_index=ignore_index)
+                                    ignore_index=ignore_index, softcap=self.logit_softcap)
 

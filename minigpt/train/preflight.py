@@ -163,8 +163,7 @@ def check_run_fits(plan, model: dict) -> None:
     processes = plan.world_size // plan.num_nodes  # the processes sharing one machine's RAM
     estimate = estimate_training_memory(
         model, plan.batch.batch_size, precision=plan.precision,
-        # minigpt.cpu keeps the plain loss for soft-capped logits (speed_up_training)
-        chunked_loss=plan.chunked_loss and model.get("logit_softcap") is None,
+        chunked_loss=plan.chunked_loss,
         shards=plan.world_size if plan.fsdp else 1,
         activation_checkpointing=plan.fsdp and plan.activation_checkpointing,
     )

@@ -80,3 +80,32 @@ def test_fp16_training_loss_gradients_match_float32():
         return linear_cross_entropy(hidden.flatten(0, 1), head.weight, t.flatten())
 
     assert worst_error(_scaled_fp16_grads(chunked, h, model.lm_head, targets)) > 3e-3
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_soft_capped_loss_matches_float64_math(chunk_rows, dtype):
+    """Logits cap * tanh(z / cap), written out in float64 here: the loss and both gradients
+    through the cap (large logits, so the cap bends them)."""
+    torch.manual_seed(4)
+    cap = 3.0
+    h = (3 * torch.randn(40, 24)).requires_grad_()
+    weight = torch.randn(300, 24, requires_grad=True)
+    targets = torch.randint(0, 300, (40,))
+    targets[:5] = -100
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        loss = linear_cross_entropy(h, weight, targets, chunk_rows=chunk_rows, softcap=cap)
+    loss.backward()
+    h64, w64 = (t.detach().double().requires_grad_() for t in (h, weight))
+    if dtype == torch.bfloat16:  # the matmul's operands are rounded, as autocast's would be
+        h64, w64 = (t.detach().to(dtype).double().requires_grad_() for t in (h, weight))
+    z = h64 @ w64.t()
+    assert (z.abs() > 3 * cap).float().mean() > 0.5  # most logits well inside the tanh's bend
+    expected = F.cross_entropy(cap * torch.tanh(z / cap), targets, ignore_index=-100)
+    expected.backward()
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(loss.double(), expected, **tol)
+    torch.testing.assert_close(h.grad.double(), h64.grad, **tol)
+    torch.testing.assert_close(weight.grad.double(), w64.grad, **tol)
+    uncapped = linear_cross_entropy(h, weight, targets, chunk_rows=chunk_rows)
+    assert not torch.allclose(uncapped, loss, rtol=1e-2)  # the cap changed the loss
