@@ -67,6 +67,8 @@ class OptimSchema:
     cooldown_fraction: float = 0.45  # wsd: the last fraction of decay_steps
     lr: float = 6.0e-4
     min_lr: float = 6.0e-5
+    embedding_lr: float | None = None  # the token/position embeddings' AdamW lr; None: lr
+    head_lr: float | None = None  # an untied LM head's AdamW lr; None: lr
     warmup_steps: int = 100
     decay_steps: int = "${trainer.max_steps}"  # type: ignore[assignment]  # checked when read
     weight_decay: float = 0.1

@@ -46,6 +46,14 @@ def check_config(cfg: DictConfig) -> None:
         value = o.get(key)
         if o.get("name") == "muon" and (not isinstance(value, (int, float)) or value < 0):
             problems.append(f"optim.{key}={value!r} must be a number >= 0")
+    for key in ("embedding_lr", "head_lr"):
+        value = o.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or value <= 0):
+            problems.append(f"optim.{key}={value!r} must be null (optim.lr) or a number > 0")
+    if o.get("head_lr") is not None and cfg.model.get("tie_head", True):
+        problems.append(f"optim.head_lr={o.head_lr} needs model.tie_head=false (a tied head is "
+                        "the token embedding: set optim.embedding_lr)")
     target = t.get("target_val_loss")
     if target is not None and (not isinstance(target, (int, float)) or target <= 0):
         problems.append(f"trainer.target_val_loss={target!r} must be null or a loss > 0")

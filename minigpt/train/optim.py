@@ -65,11 +65,14 @@ def schedule_for(optimizer: torch.optim.Optimizer, optim: dict) -> torch.optim.l
         optimizer, partial(lr_ratio, schedule=schedule, lr=optim["lr"], **shape))
 
 
-def param_groups(model: nn.Module, weight_decay: float, exclude: set[int] = frozenset()) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, exclude: set[int] = frozenset(), *,
+                 embedding_lr: float | None = None, head_lr: float | None = None) -> list[dict]:
     """AdamW groups: weight decay on the weight matrices of ``nn.Linear`` layers only; biases,
     norms, embeddings and the LM head (tied to the token embedding or not: an untied head is
     the embedding's mirror and is not decayed either) get none.
-    ``exclude``: ids of parameters another optimizer steps.
+    ``exclude``: ids of parameters another optimizer steps. ``embedding_lr`` / ``head_lr``: the
+    embeddings and an untied head in groups of their own with that peak lr (None: the
+    optimizer's lr, in the no-decay group, so older checkpoints' two groups still load).
 
     Decided by module type, not ``p.dim()``, so it also holds for FSDP's flattened shards."""
     embedding_ids = {
@@ -79,14 +82,24 @@ def param_groups(model: nn.Module, weight_decay: float, exclude: set[int] = froz
     decay_ids = {
         id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)
     } - embedding_ids - head_ids
-    decay, no_decay = [], []
+    own_lr = []  # (parameter ids, peak lr): the groups with an lr of their own
+    if embedding_lr is not None:
+        own_lr.append((embedding_ids, embedding_lr))
+    if head_lr is not None:
+        own_lr.append((head_ids - embedding_ids, head_lr))
+    decay, no_decay, own = [], [], [[] for _ in own_lr]
     for p in model.parameters():  # yields a tied tensor once
-        if p.requires_grad and id(p) not in exclude:
-            (decay if id(p) in decay_ids else no_decay).append(p)
+        if not p.requires_grad or id(p) in exclude:
+            continue
+        group = next((g for g, (ids, _) in zip(own, own_lr, strict=True) if id(p) in ids), None)
+        if group is None:
+            group = decay if id(p) in decay_ids else no_decay
+        group.append(p)
     return [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
-    ]
+    ] + [{"params": params, "weight_decay": 0.0, "lr": lr}
+         for params, (_, lr) in zip(own, own_lr, strict=True) if params]
 
 
 def block_matrices(model: nn.Module) -> list[nn.Parameter]:
@@ -105,7 +118,8 @@ def adamw(model: nn.Module, optim: dict, *, fused: bool, exclude: set[int] = fro
     """AdamW over ``param_groups``. ``fused`` steps all parameters of a group in one kernel; the
     caller decides where that is allowed."""
     return torch.optim.AdamW(
-        param_groups(model, optim["weight_decay"], exclude), lr=optim["lr"],
+        param_groups(model, optim["weight_decay"], exclude, embedding_lr=optim.get("embedding_lr"),
+                     head_lr=optim.get("head_lr")), lr=optim["lr"],
         betas=(optim["beta1"], optim["beta2"]), eps=optim["eps"],
         **({"fused": True} if fused else {}),
     )

@@ -99,3 +99,29 @@ def test_an_untied_head_is_not_decayed():
     decay, _ = param_groups(model, 0.1)
     assert id(model.lm_head.weight) not in {id(p) for p in decay["params"]}
     assert len(decay["params"]) == 4  # qkv, out_proj, fc, proj
+
+
+def test_embeddings_and_an_untied_head_take_their_own_learning_rates():
+    import torch
+
+    from minigpt.train.optim import schedule_for
+
+    model = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=1, n_head=2, n_embd=16,
+                          tie_head=False))
+    groups = param_groups(model, 0.1, embedding_lr=0.5, head_lr=0.03)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert [sorted(names[id(p)] for p in g["params"]) for g in groups[2:]] == [
+        ["pos_emb.weight", "tok_emb.weight"], ["lm_head.weight"]]
+    assert [(g["lr"], g["weight_decay"]) for g in groups[2:]] == [(0.5, 0.0), (0.03, 0.0)]
+    assert sum(p.numel() for g in groups for p in g["params"]) == model.num_params()
+    optim = dict(lr=2e-3, min_lr=2e-4, warmup_steps=2, decay_steps=10, schedule="cosine")
+    optimizer = torch.optim.AdamW(groups, lr=optim["lr"])
+    scheduler = schedule_for(optimizer, optim)
+    for _ in range(10):
+        optimizer.step(), scheduler.step()
+    # every group ends at min_lr's fraction (1/10) of its own peak
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([2e-4, 2e-4, 0.05, 0.003])
+    assert len(param_groups(model, 0.1)) == 2  # unset: the two groups older checkpoints hold
+    tied = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=1, n_head=2, n_embd=16))
+    groups = param_groups(tied, 0.1, embedding_lr=0.5)
+    assert len(groups) == 3 and id(tied.lm_head.weight) in {id(p) for p in groups[2]["params"]}

@@ -298,6 +298,8 @@ def test_init_from_checkpoint_and_hf_directory(tmp_path, data_root):
     ("model.vocab_size=10", r"model.vocab_size=10 is smaller than the tokenizer's vocabulary"),
     ("model.n_embd=33", r"n_embd=33 must be divisible by n_head=2"),
     ("threads=0", r"threads=0 must be null or a positive integer"),
+    ("optim.embedding_lr=0", r"optim.embedding_lr=0.0 must be null \(optim.lr\) or a number > 0"),
+    ("optim.head_lr=0.01", r"optim.head_lr=0.01 needs model.tie_head=false"),
     ("data.tokens_per_step=1000", r"data.tokens_per_step=1000 is not a multiple of data.batch_size "
      r"x context_length x processes = 4 x 32 x 1 = 128; fix: data.tokens_per_step=1024"),
     ("+model.n_layers=3", r"unknown config key model.n_layers: did you mean model.n_layer\?"),
