@@ -14,6 +14,7 @@ from torch import nn
 
 from minigpt.errors import ConfigError
 from minigpt.model import GPT, Block
+from minigpt.train.qkv_split import hand_over_grads, muon_parameters, split_qkv
 
 
 def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, decay_steps: int) -> float:
@@ -127,7 +128,8 @@ def adamw(model: nn.Module, optim: dict, *, fused: bool, exclude: set[int] = fro
 
 def build_optimizers(model: nn.Module, optim: dict, *, fused: bool) -> dict:
     """``{"optimizer": AdamW}`` for ``optim.name=adamw``; for ``muon`` also ``{"muon": Muon}`` over
-    ``block_matrices`` (its own lr, momentum and weight decay), AdamW keeping the rest."""
+    ``block_matrices`` (its own lr, momentum and weight decay; ``muon_split_qkv``: queries, keys
+    and values as three matrices, ``minigpt.train.qkv_split``), AdamW keeping the rest."""
     if optim.get("name", "adamw") != "muon":
         return {"optimizer": adamw(model, optim, fused=fused)}
     muon_class = getattr(torch.optim, "Muon", None)
@@ -135,9 +137,11 @@ def build_optimizers(model: nn.Module, optim: dict, *, fused: bool) -> dict:
         raise ConfigError(f"optim=muon needs torch.optim.Muon (torch 2.9 or later; this is "
                           f"torch {torch.__version__}): upgrade torch or train with optim=adamw")
     matrices = block_matrices(model)
-    muon = muon_class(matrices, lr=optim["muon_lr"], weight_decay=optim["muon_weight_decay"],
+    splits = split_qkv(model) if optim.get("muon_split_qkv") else []
+    muon = muon_class(muon_parameters(matrices, splits), lr=optim["muon_lr"], weight_decay=optim["muon_weight_decay"],
                       momentum=optim["muon_momentum"], nesterov=True,
                       adjust_lr_fn=optim.get("muon_adjust_lr"))
+    hand_over_grads(muon, splits)
     rest = adamw(model, optim, fused=fused, exclude={id(p) for p in matrices})
     return {"optimizer": rest, "muon": muon}
 

@@ -125,3 +125,45 @@ def test_embeddings_and_an_untied_head_take_their_own_learning_rates():
     tied = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=1, n_head=2, n_embd=16))
     groups = param_groups(tied, 0.1, embedding_lr=0.5)
     assert len(groups) == 3 and id(tied.lm_head.weight) in {id(p) for p in groups[2]["params"]}
+
+
+def test_split_qkv_muon_steps_queries_keys_and_values_as_three_matrices():
+    """Oracle: torch.optim.Muon over three separate matrices holding the same numbers."""
+    import torch
+
+    from minigpt.train.optim import build_optimizers
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=1, n_head=4, n_embd=16,
+                          num_kv_heads=2))  # q rows 16, k and v rows 8 each
+    optim = {"name": "muon", "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 0, "decay_steps": 10,
+             "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "muon_lr": 0.02,
+             "muon_momentum": 0.95, "muon_weight_decay": 0.01, "muon_adjust_lr": "original",
+             "muon_split_qkv": True}
+    optimizers = build_optimizers(model, optim, fused=False)
+    weight = model.blocks[0].attn.qkv.weight
+    parts = [torch.nn.Parameter(weight.detach()[rows].clone())
+             for rows in (slice(0, 16), slice(16, 24), slice(24, 32))]
+    oracle = torch.optim.Muon(parts, lr=0.02, weight_decay=0.01, momentum=0.95, nesterov=True,
+                              adjust_lr_fn="original")
+    fused_oracle = torch.optim.Muon([torch.nn.Parameter(weight.detach().clone())], lr=0.02,
+                                    weight_decay=0.01, momentum=0.95, nesterov=True)
+    idx = torch.randint(0, 64, (2, 8))
+    for _ in range(2):  # the second step uses the momentum the first one left
+        model.loss(idx, idx).backward()
+        for part, rows in zip(parts, (slice(0, 16), slice(16, 24), slice(24, 32)), strict=True):
+            part.grad = weight.grad[rows].clone()
+        fused_oracle.param_groups[0]["params"][0].grad = weight.grad.clone()
+        for optimizer in (*optimizers.values(), oracle, fused_oracle):
+            optimizer.step()
+        assert weight.grad is None  # dropped: the next step accumulates afresh
+        torch.testing.assert_close(weight.detach(), torch.cat([p.detach() for p in parts]))
+        for optimizer in optimizers.values():
+            optimizer.zero_grad(set_to_none=True)
+    fused = fused_oracle.param_groups[0]["params"][0].detach()
+    assert not torch.allclose(weight.detach(), fused, atol=1e-4)  # fused is another update
+    adam_ids = {id(p) for g in optimizers["optimizer"].param_groups for p in g["params"]}
+    assert id(weight) not in adam_ids
+    state = optimizers["muon"].state_dict()  # plain tensors, one momentum per view
+    assert [s["momentum_buffer"].shape for s in state["state"].values()][:3] == [
+        (16, 16), (8, 16), (8, 16)]

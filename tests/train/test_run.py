@@ -541,9 +541,11 @@ def test_two_runs_started_together_end_in_two_complete_directories(tmp_path, dat
         assert (run_dir / "checkpoints" / "best.ckpt").is_file()
 
 
-def test_muon_and_wsd_train_and_resume_exactly_and_report_the_target(tmp_path, data_root):
+@pytest.mark.parametrize("split_qkv", [False, True])
+def test_muon_and_wsd_train_and_resume_exactly_and_report_the_target(tmp_path, data_root,
+                                                                      split_qkv):
     common = ["optim=muon", "optim.schedule=wsd", "optim.decay_steps=8", "trainer.max_steps=8",
-              "logger=csv",
+              "logger=csv", f"optim.muon_split_qkv={split_qkv}",
               "trainer.target_val_loss=10.0"]
     straight, first, second = LossRecorder(), LossRecorder(), LossRecorder()
     full = run(tiny_cfg(data_root, *common), tmp_path / "full", callbacks=[straight])
