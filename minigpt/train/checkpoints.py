@@ -76,7 +76,17 @@ def restore(fabric: Fabric, path: str | Path, module, optimizers: dict, schedule
         rest = fabric.load(path, {"model": module, "optimizer_0": optimizers["optimizer"]},
                            strict=False, weights_only=True)
     else:
-        rest = fabric.load(path, {"model": module, **optimizers}, strict=False, weights_only=True)
+        try:
+            rest = fabric.load(path, {"model": module, **optimizers}, strict=False,
+                               weights_only=True)
+        except ValueError as e:  # torch.optim: a group's parameter count differs
+            if "parameter group" not in str(e):
+                raise
+            raise ConfigError(f"ckpt_path={path} holds optimizer state for other parameters than "
+                              f"this run's ({e}): resume with the optim settings it was trained "
+                              "with (its run directory's config.yaml; e.g. optim.muon_split_qkv, "
+                              "optim.embedding_lr, optim.head_lr), or start a new run from its "
+                              f"weights with model.init_from={path}") from None
     states = {"optimizer": rest["lr_schedulers"][0]} if legacy else rest["schedulers"]
     for name, scheduler in schedulers.items():
         scheduler.load_state_dict(states[name])

@@ -563,6 +563,10 @@ def test_muon_and_wsd_train_and_resume_exactly_and_report_the_target(tmp_path, d
     with pytest.raises(ConfigError, match=r"trained with optimizer\(s\) \['muon', 'optimizer'\]"):
         run(tiny_cfg(data_root, "trainer.max_steps=9", f"ckpt_path={full['last']}"),
             tmp_path / "adamw")
+    with pytest.raises(ConfigError, match=r"holds optimizer state for other parameters.*"
+                       r"optim.muon_split_qkv.*model.init_from="):
+        run(tiny_cfg(data_root, *common, "trainer.max_steps=9", f"ckpt_path={full['last']}",
+                     f"optim.muon_split_qkv={not split_qkv}"), tmp_path / "other_split")
 
 
 def test_hellaswag_in_training_reaches_the_csv_log_and_summary(tmp_path, data_root):
