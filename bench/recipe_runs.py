@@ -6,7 +6,7 @@
 Give run directories or a sweep directory holding them (see ``attention_runs.py``). Per run:
 parameters, final val/loss, the first validated step at or below the baseline's final val/loss
 (``--baseline``: the run named gpt2, else the first) as steps and as a share of the baseline's
-steps, training tokens/s (median of the second half of the logged values) and time per step
+steps (also interpolated between the validations around it), training tokens/s (median of the second half of the logged values) and time per step
 against the baseline's. The picture: val/loss against steps, and tokens/s per run.
 """
 
@@ -40,6 +40,19 @@ class Row:
         return next((int(s) for s, v in zip(self.val_steps, self.val_losses, strict=True)
                      if v <= loss), None)
 
+    def interpolated_crossing(self, loss: float) -> float | None:
+        """The step where val/loss first reaches ``loss``, read off the straight line between
+        the validations on either side (finer than the validation interval)."""
+        before = None
+        for step, value in zip(self.val_steps, self.val_losses, strict=True):
+            if value <= loss:
+                if before is None:
+                    return float(step)
+                (step0, value0) = before
+                return step0 + (value0 - loss) / (value0 - value) * (step - step0)
+            before = (step, value)
+        return None
+
 
 def read_run(run_dir: Path, name: str) -> Row:
     model, _, _ = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
@@ -55,16 +68,18 @@ def read_run(run_dir: Path, name: str) -> Row:
 def format_table(rows: list[Row], baseline: Row) -> str:
     target = baseline.val_loss
     lines = [f"| run | params | val/loss | steps to {baseline.name}'s {target:.4f} | share of "
-             f"{baseline.name}'s steps | train tok/s | time per step vs {baseline.name} |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             f"{baseline.name}'s steps | interpolated share | train tok/s | time per step vs "
+             f"{baseline.name} |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         reached = r.first_step_at_or_below(target) if target is not None else None
         share = reached / baseline.steps if reached else None
+        crossing = r.interpolated_crossing(target) if target is not None else None
+        between = crossing / baseline.steps if crossing is not None else None
         slow = baseline.train_tok_s / r.train_tok_s if r.train_tok_s and baseline.train_tok_s \
             else None
         lines.append(f"| {r.name} | {r.params / 1e6:.2f}M | {_num(r.val_loss, '.4f')} | "
                      f"{reached if reached else 'not reached'} | {_num(share, '.0%')} | "
-                     f"{_num(r.train_tok_s, ',.0f')} | {_num(slow, '.2f')}x |")
+                     f"{_num(between, '.1%')} | {_num(r.train_tok_s, ',.0f')} | {_num(slow, '.2f')}x |")
     return "\n".join(lines)
 
 
