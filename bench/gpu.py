@@ -10,6 +10,8 @@
    clipping) and ``transformers.GPT2LMHeadModel`` (SDPA attention, bf16 autocast, forward +
    cross-entropy compiled alike), same shapes and batch: tokens/s, MFU against the GPU's peak
    (Lightning's ``get_available_flops``), the step's peak memory above what stays resident.
+   Beside them: our GPT-2 stepped by Muon (``optim=muon``: Muon for the blocks' matrices, AdamW
+   for the rest) and ``recipe=modern``'s model and optimizers (read from ``configs/recipe``).
 2. ``train.py`` itself for a few dozen steps (defaults: precision and compile auto, GPT-2 small
    shapes on character data with the vocabulary pinned to 50304, so no download): the tokens/s
    and MFU it logs; then the same on 2 processes (DDP) when there are 2+ GPUs.
@@ -19,7 +21,7 @@
 
 Variants are stepped interleaved after warm-up (compilation happens there); medians. Targets
 (issue 11): training >= 1.3x transformers and >= 40% MFU on an H100; decoding >= 3x transformers
-at batch 1. Without ``transformers`` installed its rows are skipped.
+at batch 1; (issue 21) Muon's step at most 5% slower than AdamW's. Without ``transformers`` installed its rows are skipped.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -47,10 +49,23 @@ from minigpt.model import GPT, GPTConfig  # noqa: E402
 from minigpt.sampling import generate  # noqa: E402
 from minigpt.static_decoding import StaticDecoder  # noqa: E402
 from minigpt.train.device import compile_enabled  # noqa: E402
-from minigpt.train.optim import adamw_with_schedule  # noqa: E402
+from minigpt.train.optim import build_optimizers  # noqa: E402
 
 OPTIM = {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 10, "decay_steps": 1000,
          "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
+MODEL_OPTIONS = ("position", "norm", "qk_norm", "mlp", "tie_head", "zero_init_proj",
+                 "logit_softcap")  # the GPTConfig fields a recipe sets
+
+
+def recipe(name: str) -> tuple[dict, dict]:
+    """The model options and optim settings ``recipe=<name>`` composes to (configs/recipe)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(str(ROOT / "configs"), version_base=None):
+        cfg = compose("train", overrides=[f"recipe={name}", "trainer.max_steps=1000"])
+    return ({k: cfg.model[k] for k in MODEL_OPTIONS},
+            {**OmegaConf.to_container(cfg.optim, resolve=True), **OPTIM})
 
 
 @dataclass
@@ -91,9 +106,10 @@ def tiny_plan() -> Plan:
 
 # ---- 1. the training step, ours vs transformers ---------------------------------------------
 
-def _train_step(model: torch.nn.Module, loss_fn, plan: Plan):
-    """One optimizer step as the loop runs it under bf16-mixed: autocast, backward, clip, step."""
-    optimizer, _ = adamw_with_schedule(model, OPTIM, fused=True)
+def _train_step(model: torch.nn.Module, loss_fn, plan: Plan, optim: dict = OPTIM):
+    """One optimizer step as the loop runs it under bf16-mixed: autocast, backward, clip, step
+    (each optimizer: AdamW, or Muon and AdamW)."""
+    optimizers = build_optimizers(model, optim, fused=True).values()
     loss_fn = torch.compile(loss_fn) if plan.compiled else loss_fn
 
     def step(x, y):
@@ -101,8 +117,9 @@ def _train_step(model: torch.nn.Module, loss_fn, plan: Plan):
             loss = loss_fn(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
     return step
 
 
@@ -135,6 +152,11 @@ def training_steps(plan: Plan, attention: dict) -> dict:
     ``attention_calls``), it is also timed with causal SDPA, the kernel ours runs."""
     ours = GPT(plan.config).to(plan.device).train()
     steps = {"ours": _train_step(ours, ours.loss, plan)}
+    muon = GPT(plan.config).to(plan.device).train()
+    steps["ours, Muon"] = _train_step(muon, muon.loss, plan, recipe("muon")[1])
+    options, optim = recipe("modern")
+    modern = GPT(replace(plan.config, **options)).to(plan.device).train()
+    steps["ours, recipe=modern"] = _train_step(modern, modern.loss, plan, optim)
     if _has_transformers():
         hf = _transformers_model(plan.config).to(plan.device).train()
 
@@ -381,11 +403,16 @@ def report(plan: Plan, train: dict, runs: list[dict], decode: dict,
     loop_ratio = runs[0]["tokens_per_s"] / train["ours"]["tokens_per_s"]
     decode_ratio = _ratio({k: {"v": v} for k, v in decode[min(decode)].items()}, "v")
     mfu = train["ours"]["mfu"] if "H100" in name else None
+    muon_ratio = train["ours"]["step_ms"] / train["ours, Muon"]["step_ms"]
+    modern_ratio = train["ours, recipe=modern"]["step_ms"] / train["ours"]["step_ms"]
     lines += ["", _target("training >= 1.3x transformers tokens/s", train_ratio, 1.3),
               *([_target("training >= 1.3x transformers with causal SDPA",
                          train["ours"]["tokens_per_s"] / causal["tokens_per_s"], 1.3)]
                 if causal else []),
               _target("train.py within 5% of the bare step's tokens/s", loop_ratio, 0.95),
+              _target("Muon's step within 5% of AdamW's (AdamW ms / Muon ms)", muon_ratio,
+                      1 / 1.05),
+              f"recipe=modern's step: {modern_ratio:.2f}x gpt2's",
               _target("MFU >= 40% on an H100", mfu, 0.40),
               _target("decoding >= 3x transformers at batch 1", decode_ratio, 3.0)]
     return lines
