@@ -81,7 +81,7 @@ class OptimSchema:
     muon_momentum: float = 0.95
     muon_weight_decay: float = 0.0
     muon_adjust_lr: str | None = "original"  # original | match_rms_adamw
-    muon_split_qkv: bool = False  # orthogonalize queries, keys and values one at a time
+    muon_split_qkv: bool = True  # queries, keys and values one at a time; False: fused
 
 
 @dataclass

@@ -137,7 +137,7 @@ def build_optimizers(model: nn.Module, optim: dict, *, fused: bool) -> dict:
         raise ConfigError(f"optim=muon needs torch.optim.Muon (torch 2.9 or later; this is "
                           f"torch {torch.__version__}): upgrade torch or train with optim=adamw")
     matrices = block_matrices(model)
-    splits = split_qkv(model) if optim.get("muon_split_qkv") else []
+    splits = split_qkv(model) if optim.get("muon_split_qkv", True) else []
     muon = muon_class(muon_parameters(matrices, splits), lr=optim["muon_lr"], weight_decay=optim["muon_weight_decay"],
                       momentum=optim["muon_momentum"], nesterov=True,
                       adjust_lr_fn=optim.get("muon_adjust_lr"))

@@ -61,7 +61,7 @@ def test_muon_steps_the_block_matrices_and_adamw_the_rest():
     optim = {"name": "muon", "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 0, "decay_steps": 10,
              "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "muon_lr": 0.02,
              "muon_momentum": 0.95, "muon_weight_decay": 0.0, "muon_adjust_lr": "original",
-             "schedule": "wsd", "cooldown_fraction": 0.5}
+             "schedule": "wsd", "cooldown_fraction": 0.5, "muon_split_qkv": False}
     names = {id(p): n for n, p in model.named_parameters()}
     matrices = {names[id(p)] for p in block_matrices(model)}
     assert matrices == {f"blocks.{i}.{m}.weight" for i in range(2)
