@@ -43,6 +43,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 from lightning.fabric.utilities.throughput import get_available_flops  # noqa: E402
+from recipe_configs import recipe  # noqa: E402
 
 from generate import decoding_dtype, place_model  # noqa: E402
 from minigpt.model import GPT, GPTConfig  # noqa: E402
@@ -53,19 +54,6 @@ from minigpt.train.optim import build_optimizers  # noqa: E402
 
 OPTIM = {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 10, "decay_steps": 1000,
          "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
-MODEL_OPTIONS = ("position", "norm", "qk_norm", "mlp", "tie_head", "zero_init_proj",
-                 "logit_softcap")  # the GPTConfig fields a recipe sets
-
-
-def recipe(name: str) -> tuple[dict, dict]:
-    """The model options and optim settings ``recipe=<name>`` composes to (configs/recipe)."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    with initialize_config_dir(str(ROOT / "configs"), version_base=None):
-        cfg = compose("train", overrides=[f"recipe={name}", "trainer.max_steps=1000"])
-    return ({k: cfg.model[k] for k in MODEL_OPTIONS},
-            {**OmegaConf.to_container(cfg.optim, resolve=True), **OPTIM})
 
 
 @dataclass
@@ -153,10 +141,10 @@ def training_steps(plan: Plan, attention: dict) -> dict:
     ours = GPT(plan.config).to(plan.device).train()
     steps = {"ours": _train_step(ours, ours.loss, plan)}
     muon = GPT(plan.config).to(plan.device).train()
-    steps["ours, Muon"] = _train_step(muon, muon.loss, plan, recipe("muon")[1])
+    steps["ours, Muon"] = _train_step(muon, muon.loss, plan, {**recipe("muon")[1], **OPTIM})
     options, optim = recipe("modern")
     modern = GPT(replace(plan.config, **options)).to(plan.device).train()
-    steps["ours, recipe=modern"] = _train_step(modern, modern.loss, plan, optim)
+    steps["ours, recipe=modern"] = _train_step(modern, modern.loss, plan, {**optim, **OPTIM})
     if _has_transformers():
         hf = _transformers_model(plan.config).to(plan.device).train()
 

@@ -37,3 +37,11 @@ def test_shrunk_multirun_and_its_table(tmp_path):
     assert list(rows) == ["gpt2", "muon_wsd", "modern"]  # the order the sweep ran them
     assert "| 4 | 100% |" in rows["gpt2"]  # the baseline reaches its own loss at its last step
     assert png.stat().st_size > 10_000
+
+
+def test_time_per_step_benchmark_runs_every_rung(tmp_path):
+    out = _python(tmp_path, ROOT / "bench" / "recipe_step.py", "--recipes", "gpt2", "muon",
+                  "modern", "--batch", "1", "--warmup", "1", "--repeats", "1", "--threads", "1")
+    assert "modern: compiled blocks (norm=rmsnorm, qk_norm, position=rope, mlp=relu2)" in out
+    rows = [line.split()[0] for line in out.splitlines() if line.endswith("x")]
+    assert rows == ["gpt2", "muon", "modern"]

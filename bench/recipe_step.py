@@ -1,0 +1,87 @@
+"""Time per training step of each recipe rung on the toy model, as a CPU run of train.py
+steps it: the recipe's model with ``minigpt.cpu.speed_up_training`` applied, bf16 autocast (or
+``--precision 32-true``), its optimizers (AdamW, or Muon and AdamW), clipping.
+
+    python bench/recipe_step.py                       # gpt2 and modern, all cores
+    python bench/recipe_step.py --recipes gpt2 muon blocks modern --threads 1 --clock cpu
+
+The rungs are stepped interleaved after warm-up (the compiled blocks compile there), on the same
+batch; medians of ``--repeats`` steps and each rung's time against the first rung's. The lab's
+runs (``bench/recipe_runs.py``) measure tokens/s over whole runs instead, where the machine's
+other load can fall on one run more than another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from recipe_configs import recipe  # noqa: E402
+from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
+
+from minigpt.cpu import speed_up_training  # noqa: E402
+from minigpt.model import GPT, GPTConfig  # noqa: E402
+from minigpt.train.optim import build_optimizers  # noqa: E402
+
+TOY = dict(n_layer=4, n_head=4, n_embd=256, context_length=256, vocab_size=128, dropout=0.0)
+
+
+def rung_step(name: str, precision: str):
+    """One training step of ``recipe=name`` on the toy model; and what the CPU speedups did."""
+    options, optim = recipe(name)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TOY, **options)).train()
+    applied = speed_up_training(model, precision=precision, keep_freed_memory=False)
+    optimizers = build_optimizers(model, optim, fused=True).values()
+    bf16 = precision == "bf16-mixed"
+
+    def step(x, y):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model.loss(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return step, applied
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipes", nargs="+", default=["gpt2", "modern"])
+    parser.add_argument("--precision", choices=["bf16-mixed", "32-true"], default="bf16-mixed")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10)
+    add_timing_arguments(parser)
+    args = parser.parse_args(argv)
+    configure_timing(parser, args)
+    steps = {}
+    for name in args.recipes:
+        steps[name], applied = rung_step(name, args.precision)
+        print(f"{name}: {', '.join(applied) or 'no CPU speedups'}")
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, TOY["vocab_size"], (2, args.batch, TOY["context_length"]),
+                         generator=gen)
+    times = {name: [] for name in steps}
+    for i in range(args.warmup + args.repeats):
+        for name, step in steps.items():
+            start = clock()
+            step(x, y)
+            if i >= args.warmup:
+                times[name].append(clock() - start)
+    base = statistics.median(times[args.recipes[0]])
+    print()
+    print_header(f"{'recipe':<10} {'ms/step':>9} {'tokens/s':>10} {'vs ' + args.recipes[0]:>9}")
+    for name, samples in times.items():
+        ms = statistics.median(samples)
+        print(f"{name:<10} {1e3 * ms:>9.1f} {x.numel() / 2 / ms:>10,.0f} {ms / base:>8.2f}x")
+
+
+if __name__ == "__main__":
+    main()
