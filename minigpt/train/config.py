@@ -53,7 +53,8 @@ def check_config(cfg: DictConfig) -> None:
             problems.append(f"optim.{key}={value!r} must be null (optim.lr) or a number > 0")
     if o.get("head_lr") is not None and cfg.model.get("tie_head", True):
         problems.append(f"optim.head_lr={o.head_lr} needs model.tie_head=false (a tied head is "
-                        "the token embedding: set optim.embedding_lr)")
+                        "the token embedding): set optim.head_lr=null, and optim.embedding_lr "
+                        "for both")
     target = t.get("target_val_loss")
     if target is not None and (not isinstance(target, (int, float)) or target <= 0):
         problems.append(f"trainer.target_val_loss={target!r} must be null or a loss > 0")
