@@ -198,6 +198,9 @@ def build_loop(cfg: DictConfig, fabric: Fabric, plan: RunPlan, setup: Setup, run
     schedulers = {name: schedule_for(o, optim) for name, o in optimizers.items()}
     optimizers = {name: fabric.setup_optimizers(o) for name, o in optimizers.items()}
     t = cfg.trainer
+    # The first process of each machine downloads HellaSwag into the cache; the others read it.
+    with fabric.rank_zero_first(local=True):
+        eval_items = training_items(cfg.eval, Path(cfg.data_root).expanduser())
     return Loop(
         fabric=fabric, plan=plan, module=module, optimizers=optimizers, schedulers=schedulers,
         data=setup.data, checkpoints=CheckpointFiles(fabric, run_dir / "checkpoints"),
@@ -208,7 +211,7 @@ def build_loop(cfg: DictConfig, fabric: Fabric, plan: RunPlan, setup: Setup, run
         peak_flops=cfg.get("peak_flops"),
         progress_bar=bool(t.get("enable_progress_bar", True)),
         target_val_loss=t.get("target_val_loss"), stop_at_target=bool(t.get("stop_at_target")),
-        eval_items=training_items(cfg.eval, Path(cfg.data_root).expanduser()),
+        eval_items=eval_items,
         eval_every=cfg.eval.every, eval_batch_size=cfg.eval.batch_size,
     )
 
