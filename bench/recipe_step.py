@@ -4,6 +4,7 @@ steps it: the recipe's model with ``minigpt.cpu.speed_up_training`` applied, bf1
 
     python bench/recipe_step.py                       # gpt2 and modern, all cores
     python bench/recipe_step.py --recipes gpt2 muon blocks modern --threads 1 --clock cpu
+    python bench/recipe_step.py --no-cpu-speedups     # the plain models: what minigpt.cpu buys
 
 The rungs are stepped interleaved after warm-up (the compiled blocks compile there), on the same
 batch; medians of ``--repeats`` steps and each rung's time against the first rung's. The lab's
@@ -31,12 +32,13 @@ from minigpt.train.optim import build_optimizers  # noqa: E402
 TOY = dict(n_layer=4, n_head=4, n_embd=256, context_length=256, vocab_size=128, dropout=0.0)
 
 
-def rung_step(name: str, precision: str):
+def rung_step(name: str, precision: str, cpu_speedups: bool = True):
     """One training step of ``recipe=name`` on the toy model; and what the CPU speedups did."""
     options, optim = recipe(name)
     torch.manual_seed(0)
     model = GPT(GPTConfig(**TOY, **options)).train()
-    applied = speed_up_training(model, precision=precision, keep_freed_memory=False)
+    applied = speed_up_training(model, precision=precision, keep_freed_memory=False) \
+        if cpu_speedups else []
     optimizers = build_optimizers(model, optim, fused=True).values()
     bf16 = precision == "bf16-mixed"
 
@@ -55,6 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", nargs="+", default=["gpt2", "modern"])
     parser.add_argument("--precision", choices=["bf16-mixed", "32-true"], default="bf16-mixed")
+    parser.add_argument("--no-cpu-speedups", action="store_true",
+                        help="the plain models (as cpu_speedups=false): what minigpt.cpu buys")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10)
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_timing(parser, args)
     steps = {}
     for name in args.recipes:
-        steps[name], applied = rung_step(name, args.precision)
+        steps[name], applied = rung_step(name, args.precision, not args.no_cpu_speedups)
         print(f"{name}: {', '.join(applied) or 'no CPU speedups'}")
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randint(0, TOY["vocab_size"], (2, args.batch, TOY["context_length"]),
