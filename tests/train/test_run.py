@@ -338,11 +338,12 @@ def test_cli_bad_override_is_one_line(tmp_path, data_root):
     assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("*.ckpt"))
 
 
-def test_ddp_two_cpu_processes(tmp_path, data_root):
+@pytest.mark.parametrize("recipe", ["gpt2", "modern"])  # modern: compiled blocks, split Muon
+def test_ddp_two_cpu_processes(tmp_path, data_root, recipe):
     result = _train_py(
         tmp_path, *TINY, f"data_root={data_root}", "trainer=ddp", "trainer.accelerator=cpu",
         "trainer.devices=2", "trainer.max_steps=4", "trainer.val_check_interval=2",
-        "logger=csv", timeout=180,
+        "logger=csv", f"recipe={recipe}", timeout=240,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dirs = [p.parent for p in (tmp_path / "outputs").rglob(".hydra")]
