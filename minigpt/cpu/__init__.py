@@ -2,8 +2,8 @@
 
 The core model (``minigpt.model``) is plain PyTorch and never imports this package. These two
 calls swap a built model's modules for faster CPU versions that reuse the same ``Parameter``
-objects (or compile a block's training forward in place), so outputs and gradients agree within float32 rounding, tied weights stay tied and the
-state-dict keys do not change::
+objects (or compile a block's training forward in place), so outputs and gradients agree within
+float32 rounding, tied weights stay tied and the state-dict keys do not change::
 
     model = GPT(GPTConfig(...))
     applied = minigpt.cpu.speed_up_training(model)      # before torch.compile / FSDP wrapping

@@ -7,8 +7,9 @@ and writing the whole activation again, forward and backward. ``torch.compile`` 
 into one loop; compiling the block (regional compilation) rather than the whole model leaves the
 LM-head loss to ``minigpt.cpu.loss`` and gives one graph that every block shares.
 
-Only the training call is compiled: no padding and no cache (the loss's path). Decoding (``kv_cache``, one token at a time, growing shapes) would recompile at every new
-length, so those calls stay eager. The block keeps its class, parameters and state-dict keys.
+Only the training call is compiled: no padding and no cache (the loss's path). Decoding
+(``kv_cache``, one token at a time, growing shapes) would recompile at every new length, so those
+calls stay eager. The block keeps its class, parameters and state-dict keys.
 """
 
 from __future__ import annotations
