@@ -1,7 +1,8 @@
 """Cross-entropy over the LM head without materializing the (N, V) logits, for CPU training.
 
 ``linear_cross_entropy(h, W, targets)`` equals ``F.cross_entropy((h @ W.T).float(), targets)``
-(mean over non-ignored targets; with ``softcap``, of the logits ``cap * tanh(logits / cap)``), but walks the N rows in chunks: each chunk's logits live in one
+(mean over non-ignored targets; with ``softcap``, of the logits ``cap * tanh(logits / cap)``),
+but walks the N rows in chunks: each chunk's logits live in one
 reused buffer, the softmax is taken in float32, and the gradients for ``h`` and ``W`` are computed
 right there (softmax - one-hot, scaled by 1 / n_valid), so backward only scales them. For GPT-2
 the logits are the largest activations of a step (N x 50304 floats, gradient and log-softmax
@@ -56,7 +57,8 @@ def _compute_dtype(h: Tensor) -> torch.dtype:
 
 
 def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chunk: int,
-             softcap: float | None, need_grads: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+             softcap: float | None,
+             need_grads: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
     dtype = _compute_dtype(h)
     hc, wc = h.detach().to(dtype), weight.detach().to(dtype)
     N, V = h.shape[0], weight.shape[0]

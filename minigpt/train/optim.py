@@ -138,7 +138,8 @@ def build_optimizers(model: nn.Module, optim: dict, *, fused: bool) -> dict:
                           f"torch {torch.__version__}): upgrade torch or train with optim=adamw")
     matrices = block_matrices(model)
     splits = split_qkv(model) if optim.get("muon_split_qkv", True) else []
-    muon = muon_class(muon_parameters(matrices, splits), lr=optim["muon_lr"], weight_decay=optim["muon_weight_decay"],
+    muon = muon_class(muon_parameters(matrices, splits), lr=optim["muon_lr"],
+                      weight_decay=optim["muon_weight_decay"],
                       momentum=optim["muon_momentum"], nesterov=True,
                       adjust_lr_fn=optim.get("muon_adjust_lr"))
     hand_over_grads(muon, splits)
