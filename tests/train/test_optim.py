@@ -5,6 +5,10 @@ import pytest
 from minigpt.model import GPT, GPTConfig
 from minigpt.train.optim import lr_at, param_groups
 
+MUON = {"name": "muon", "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 0, "decay_steps": 10,
+        "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "muon_lr": 0.02,
+        "muon_momentum": 0.95, "muon_weight_decay": 0.0, "muon_adjust_lr": "original"}
+
 
 def test_lr_schedule_numbers():
     kw = dict(lr=1.0, min_lr=0.1, warmup_steps=10, decay_steps=110)
@@ -58,10 +62,7 @@ def test_muon_steps_the_block_matrices_and_adamw_the_rest():
     from minigpt.train.optim import block_matrices, build_optimizers, schedule_for
 
     model = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=2, n_head=2, n_embd=16))
-    optim = {"name": "muon", "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 0, "decay_steps": 10,
-             "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "muon_lr": 0.02,
-             "muon_momentum": 0.95, "muon_weight_decay": 0.0, "muon_adjust_lr": "original",
-             "schedule": "wsd", "cooldown_fraction": 0.5, "muon_split_qkv": False}
+    optim = {**MUON, "schedule": "wsd", "cooldown_fraction": 0.5, "muon_split_qkv": False}
     names = {id(p): n for n, p in model.named_parameters()}
     matrices = {names[id(p)] for p in block_matrices(model)}
     assert matrices == {f"blocks.{i}.{m}.weight" for i in range(2)
@@ -136,10 +137,7 @@ def test_split_qkv_muon_steps_queries_keys_and_values_as_three_matrices():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=1, n_head=4, n_embd=16,
                           num_kv_heads=2))  # q rows 16, k and v rows 8 each
-    optim = {"name": "muon", "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 0, "decay_steps": 10,
-             "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "muon_lr": 0.02,
-             "muon_momentum": 0.95, "muon_weight_decay": 0.01, "muon_adjust_lr": "original",
-             "muon_split_qkv": True}
+    optim = {**MUON, "muon_weight_decay": 0.01, "muon_split_qkv": True}
     optimizers = build_optimizers(model, optim, fused=False)
     weight = model.blocks[0].attn.qkv.weight
     parts = [torch.nn.Parameter(weight.detach()[rows].clone())
