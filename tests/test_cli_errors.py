@@ -92,8 +92,6 @@ def cases(tmp: Path, checkpoint: Path) -> list[tuple[str, str, list[str], str]]:
          "trainer.accelerator=gpu but this machine has no GPU"),
         ("FSDP without GPUs", "train.py", ["trainer.strategy=fsdp", data, *QUIET],
          "trainer.strategy=fsdp runs on GPUs and this machine has none"),
-        ("a misspelled key added with +", "train.py", ["+optim.learning_rate=1e-3", data, *QUIET],
-         "did you mean optim.lr"),
         ("Muon under FSDP", "train.py", ["optim=muon", "trainer.strategy=fsdp", data, *QUIET],
          "fsdp"),
         ("another run's directory", "train.py",
