@@ -117,6 +117,7 @@ class MultiHeadAttention(nn.Module):
     def forward(
         self, x: Tensor, key_padding_mask: Tensor | None = None,
         kv_cache: LayerCache | None = None, position_ids: Tensor | None = None,
+        value_embedding: Tensor | None = None,
     ) -> Tensor:
         """Attend causally over ``x`` (B, T, d_in) and return (B, T, d_out).
 
@@ -126,8 +127,12 @@ class MultiHeadAttention(nn.Module):
         ``KVCache``'s ``layers[i]``) the new tokens' keys/values are written to it and the queries
         attend to everything cached as well. ``position_ids`` (B or 1, T) are the positions
         rotary embeddings use (default: after the cached tokens); ignored without rope.
+        ``value_embedding`` (B, T, nkv * hd) is added to the new tokens' values before they are
+        attended to or cached (``GPTConfig.value_embeddings``); the scores do not change.
         """
         q, k, v = self._project(x, key_padding_mask, kv_cache)
+        if value_embedding is not None:
+            v = v + self._heads_of(value_embedding, x)
         if self.rope_theta is not None:  # rotary position embeddings (minigpt.rope)
             if position_ids is None:
                 position_ids = kv_cache.next_positions(x.shape[1]) if kv_cache is not None \
@@ -244,6 +249,15 @@ class MultiHeadAttention(nn.Module):
         qkv = self.qkv(x).view(B, T, nh + 2 * nkv, hd)  # (B, T, nh + 2 nkv, hd)
         q, k, v = qkv.split([nh, nkv, nkv], dim=2)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def _heads_of(self, value_embedding: Tensor, x: Tensor) -> Tensor:
+        """(B, T, nkv * hd) -> (B, nkv, T, hd), the values' layout; a wrong shape is named."""
+        B, T, _ = x.shape
+        shape = (B, T, self.num_kv_heads * self.head_dim)
+        if value_embedding.shape != shape:
+            raise ValueError(f"value_embedding must have shape (batch, tokens, kv features)="
+                             f"{shape}, got {tuple(value_embedding.shape)}")
+        return value_embedding.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
 
     def _rotate(self, q: Tensor, k: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
         cos, sin = rope_angles(position_ids, self.head_dim, self.rope_theta)  # (B, 1, T, hd/2)

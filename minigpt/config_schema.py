@@ -55,6 +55,7 @@ class ModelSchema:
     tie_head: bool = True
     zero_init_proj: bool = False
     logit_softcap: float | None = None
+    value_embeddings: bool = False
 
 
 @dataclass

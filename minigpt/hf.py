@@ -46,7 +46,8 @@ _GPT2_BLOCK = {"num_kv_heads": (None, "grouped-query attention"),
                "qk_norm": (False, "QK-norm"),
                "mlp": ("gelu", "a ReLU² MLP"),
                "tie_head": (True, "an untied LM head"),
-               "logit_softcap": (None, "soft-capped logits")}
+               "logit_softcap": (None, "soft-capped logits"),
+               "value_embeddings": (False, "value embeddings")}
 
 # HF suffix (after "h.{i}.") -> ours (after "blocks.{i}."), and whether it is a Conv1D weight.
 _BLOCK_KEYS = {

@@ -1,8 +1,8 @@
 """The GPT-2-style language model: embeddings, pre-LayerNorm blocks, tied LM head.
 
 The block options of the modern recipe (RMSNorm, QK-norm, ReLU², an untied zero-initialized
-head, zero-initialized output projections, a tanh soft-cap on the logits) are ``GPTConfig``
-fields, each off by default, so ``GPTConfig()`` is GPT-2 exactly.
+head, zero-initialized output projections, a tanh soft-cap on the logits, value embeddings) are
+``GPTConfig`` fields, each off by default, so ``GPTConfig()`` is GPT-2 exactly.
 
 Imports torch only: no Lightning, Hydra or wandb here, so the model can be used on its own.
 Shape letters: B batch, T tokens, C = n_embd, V = vocab_size.
@@ -53,6 +53,7 @@ class GPTConfig:
     tie_head: bool = True  # the LM head is the token embedding; False: its own, zero-initialized
     zero_init_proj: bool = False  # attention output and MLP down projections start at zero
     logit_softcap: float | None = None  # logits = cap * tanh(logits / cap); None: no cap
+    value_embeddings: bool = False  # every other layer adds a token-indexed table to its values
 
     def __post_init__(self):
         problems = self._size_problems() + self._variant_problems() + self._option_problems()
@@ -97,7 +98,7 @@ class GPTConfig:
             if getattr(self, name) not in choices:
                 problems.append(f"{name}={getattr(self, name)!r} must be one of "
                                 f"{', '.join(choices)}")
-        for name in ("qk_norm", "tie_head", "zero_init_proj"):
+        for name in ("qk_norm", "tie_head", "zero_init_proj", "value_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 problems.append(f"{name}={getattr(self, name)!r} must be true or false")
         cap = self.logit_softcap
@@ -110,6 +111,14 @@ class GPTConfig:
     def kv_heads(self) -> int:
         """Key/value heads per layer (``n_head`` unless grouped)."""
         return self.n_head if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def value_embedding_layers(self) -> tuple[int, ...]:
+        """The layers with a value embedding: every other one, counted back from the last (the
+        placement nanochat uses), so a model of L layers has (L + 1) // 2 tables."""
+        if not self.value_embeddings:
+            return ()
+        return tuple(range(self.n_layer - 1, -1, -2))[::-1]
 
     @classmethod
     def from_dict(cls, values: dict) -> GPTConfig:
@@ -207,8 +216,10 @@ class Block(nn.Module):
     def forward(
         self, x: Tensor, key_padding_mask: Tensor | None = None,
         kv_cache: LayerCache | None = None, position_ids: Tensor | None = None,
+        value_embedding: Tensor | None = None,
     ) -> Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), key_padding_mask, kv_cache, position_ids))
+        x = x + self.drop(self.attn(self.norm1(x), key_padding_mask, kv_cache, position_ids,
+                                    value_embedding))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
@@ -216,7 +227,8 @@ class GPT(nn.Module):
     """GPT-2: token + learned position embeddings, ``n_layer`` blocks, final LayerNorm, and an
     LM head that shares its weight with the token embedding. With ``position="rope"`` there is
     no position table: the attention rotates queries and keys instead; with ``tie_head=False``
-    the head is a matrix of its own."""
+    the head is a matrix of its own; with ``value_embeddings`` every other layer adds a row of
+    its own (V, key/value features) table, looked up by token id, to its attention's values."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -227,6 +239,11 @@ class GPT(nn.Module):
             if config.position == "learned" else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        kv_features = config.kv_heads * (C // config.n_head)
+        # keyed by layer index; lookups, not matmuls: AdamW's embedding group steps them
+        self.value_embeds = nn.ModuleDict({
+            str(layer): nn.Embedding(config.vocab_size, kv_features)
+            for layer in config.value_embedding_layers})
         self.final_norm = make_norm(config)
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         if config.tie_head:
@@ -327,9 +344,16 @@ class GPT(nn.Module):
                 else kv_cache.next_positions(T)  # (1 or B, T)
         layers = kv_cache.layers if kv_cache is not None else [None] * len(self.blocks)
         x = self.drop(self.embed(idx, position_ids))  # (B, T, C)
-        for block, layer_cache in zip(self.blocks, layers, strict=True):
-            x = block(x, key_padding_mask, layer_cache, position_ids)
+        for i, (block, layer_cache) in enumerate(zip(self.blocks, layers, strict=True)):
+            x = block(x, key_padding_mask, layer_cache, position_ids, self.value_embedding(i, idx))
         return self.final_norm(x)
+
+    def value_embedding(self, layer: int, idx: Tensor) -> Tensor | None:
+        """Layer ``layer``'s value embedding of ``idx`` (B, T, key/value features), or None
+        for a layer without one. Token identity reaches that layer's values directly, whatever
+        the residual stream has made of it (the modded-nanogpt speedrun, nanochat)."""
+        table = self.value_embeds[str(layer)] if str(layer) in self.value_embeds else None
+        return None if table is None else table(idx)
 
     def embed(self, idx: Tensor, position_ids: Tensor) -> Tensor:
         """Token embeddings plus, for learned positions, the position table's rows (B, T, C)."""
@@ -387,13 +411,15 @@ class GPT(nn.Module):
         """Training FLOPs per token (forward + backward): 6 N for the weights plus 12 L T C for
         attention scores and their use (Kaplan et al. 2020; PaLM appendix B), T capped at the
         window for sliding-window attention. An untied head's token embedding is a lookup, not a
-        matmul, so it does not count (tied, its one matrix counts once, for the head). For MFU."""
+        matmul, so it does not count (tied, its one matrix counts once, for the head); nor do
+        value embeddings, lookups too. For MFU."""
         c = self.config
         T = seq_len or c.context_length
         T = T if c.window is None else min(T, c.window)
         matmul_params = self.num_params(include_position=False)
         if not c.tie_head:
             matmul_params -= self.tok_emb.weight.numel()
+        matmul_params -= sum(p.numel() for p in self.value_embeds.parameters())
         return 6 * matmul_params + 12 * c.n_layer * T * c.n_embd
 
     # Interop and sampling live in their own modules (minigpt.hf, minigpt.sampling), which never

@@ -1,5 +1,5 @@
 """The block options of the modern recipe (RMSNorm, QK-norm, ReLU², an untied zero-initialized
-head, zero-initialized projections, a logit soft-cap), each alone and all together (also with
+head, zero-initialized projections, a logit soft-cap, value embeddings), each alone and all together (also with
 rope, a window and grouped-query attention), against a GPT written out in this file from the
 formulas: logits, attention weights and the loss; then the invariants every option must keep
 (cached == uncached decoding with every decoder, gradients everywhere after a few steps,
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = {"norm": "rmsnorm", "qk_norm": True, "mlp": "relu2", "tie_head": False,
-       "zero_init_proj": True, "logit_softcap": 3.0}
+       "zero_init_proj": True, "logit_softcap": 3.0, "value_embeddings": True}
 OPTIONS = {  # GPTConfig fields on top of the tiny model (2 layers, 2 heads, 32 dims)
     "rmsnorm": {"norm": "rmsnorm"},
     "qk_norm": {"qk_norm": True},
@@ -39,6 +39,7 @@ OPTIONS = {  # GPTConfig fields on top of the tiny model (2 layers, 2 heads, 32 
     "untied": {"tie_head": False},
     "zero_init_proj": {"zero_init_proj": True},
     "softcap": {"logit_softcap": 3.0},
+    "value_embeddings": {"value_embeddings": True, "n_layer": 4},  # tables on layers 1 and 3
     "all": ALL,
     "all_no_bias": {**ALL, "bias": False, "qkv_bias": False},
     "all_rope_window_gqa": {**ALL, "position": "rope", "window": 5, "n_head": 4,
@@ -94,13 +95,16 @@ def ref_rope(x, theta):
     return torch.cat([z.real, z.imag], dim=-1).to(x.dtype)
 
 
-def ref_attention(x, sd, prefix, cfg, norm_after_rope=False):
-    """(output (B, T, C), weights (B, nh, T, T)) of one layer, every head looped over."""
+def ref_attention(x, sd, prefix, cfg, norm_after_rope=False, value_rows=None):
+    """(output (B, T, C), weights (B, nh, T, T)) of one layer, every head looped over;
+    ``value_rows`` (B, T, nkv * hd): the layer's value-embedding rows, added to the values."""
     B, T, C = x.shape
     nh, nkv = cfg.n_head, cfg.kv_heads
     hd = C // nh
     qkv = x @ sd[prefix + "qkv.weight"].T + sd.get(prefix + "qkv.bias", 0)
     q, k, v = qkv.split([C, nkv * hd, nkv * hd], dim=-1)
+    if value_rows is not None:
+        v = v + value_rows
     q = q.view(B, T, nh, hd).transpose(1, 2)
     k, v = (t.view(B, T, nkv, hd).transpose(1, 2) for t in (k, v))
     steps = [lambda t: ref_rms_heads(t, cfg.layer_norm_eps)] if cfg.qk_norm else []
@@ -138,7 +142,9 @@ def ref_hidden(model: GPT, idx):
     maps = []
     for i in range(cfg.n_layer):
         p = f"blocks.{i}."
-        a, w = ref_attention(ref_norm(x, sd, p + "norm1", cfg), sd, p + "attn.", cfg)
+        table = sd.get(f"value_embeds.{i}.weight")
+        a, w = ref_attention(ref_norm(x, sd, p + "norm1", cfg), sd, p + "attn.", cfg,
+                             value_rows=None if table is None else table[idx])
         x, maps = x + a, maps + [w]
         h = ref_norm(x, sd, p + "norm2", cfg) @ sd[p + "mlp.fc.weight"].T \
             + sd.get(p + "mlp.fc.bias", 0)
@@ -160,13 +166,15 @@ def ref_logits(model: GPT, idx):
 def test_defaults_are_gpt2_and_old_configs_load():
     config = GPTConfig()
     assert (config.norm, config.qk_norm, config.mlp, config.tie_head, config.zero_init_proj,
-            config.logit_softcap) == ("layernorm", False, "gelu", True, False, None)
+            config.logit_softcap, config.value_embeddings) == \
+        ("layernorm", False, "gelu", True, False, None, False)
     old = {k: v for k, v in config.to_dict().items() if k not in ALL}
     assert GPTConfig.from_dict(old) == config  # a checkpoint written before the options
     with torch.device("meta"):
         model = GPT(config)
     assert model.lm_head.weight is model.tok_emb.weight
     assert type(model.final_norm) is torch.nn.LayerNorm
+    assert len(model.value_embeds) == 0 and not any("value" in k for k in model.state_dict())
 
 
 @pytest.mark.parametrize("values, message", [
@@ -175,6 +183,7 @@ def test_defaults_are_gpt2_and_old_configs_load():
     ({"qk_norm": "yes"}, r"^GPTConfig: qk_norm='yes' must be true or false$"),
     ({"tie_head": 0}, r"^GPTConfig: tie_head=0 must be true or false$"),
     ({"zero_init_proj": None}, r"^GPTConfig: zero_init_proj=None must be true or false$"),
+    ({"value_embeddings": 1}, r"^GPTConfig: value_embeddings=1 must be true or false$"),
     ({"logit_softcap": 0}, r"^GPTConfig: logit_softcap=0 must be a positive number or None$"),
     ({"logit_softcap": -15.0}, r"^GPTConfig: logit_softcap=-15.0 must be a positive number"),
     ({"logit_softcap": float("inf")}, r"^GPTConfig: logit_softcap=inf must be a positive"),
@@ -202,14 +211,16 @@ def test_hydra_configs_take_the_options():
     """The typed schema knows the fields (Hydra rejects unknown keys), for the toy model and a
     GPT-2 preset, and the config they give builds the model."""
     overrides = ["model.norm=rmsnorm", "model.qk_norm=true", "model.mlp=relu2",
-                 "model.tie_head=false", "model.zero_init_proj=true", "model.logit_softcap=15"]
+                 "model.tie_head=false", "model.zero_init_proj=true", "model.logit_softcap=15",
+                 "model.value_embeddings=true"]
     for preset in ([], ["model=gpt2_small"]):
         with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
             cfg = compose("train", overrides=preset + overrides)
             default = compose("train", overrides=preset)
         built = gpt_config(OmegaConf.to_container(cfg.model, resolve=True), 64)
         assert (built.norm, built.qk_norm, built.mlp, built.tie_head, built.zero_init_proj,
-                built.logit_softcap) == ("rmsnorm", True, "relu2", False, True, 15.0)
+                built.logit_softcap, built.value_embeddings) == \
+            ("rmsnorm", True, "relu2", False, True, 15.0, True)
         plain = gpt_config(OmegaConf.to_container(default.model, resolve=True), 64)
         assert plain == GPTConfig(**{**plain.to_dict(), **{k: getattr(GPTConfig(), k)
                                                            for k in ALL}})
@@ -281,6 +292,25 @@ def test_qk_norm_changes_the_function():
     x = torch.randn(1, 6, 32)
     assert not torch.allclose(plain(x), normed(x))
     assert plain.qk_norm_eps is None and "qk_norm" not in repr(plain)
+
+
+def test_a_value_embedding_is_added_to_the_values():
+    """The same vector for every token shifts every value by it: the attention of a layer whose
+    value bias holds that vector (the weights sum to one), scores unchanged; a wrong shape is
+    named."""
+    torch.manual_seed(6)
+    attn = MultiHeadAttention(32, 32, 16, 0.0, 4, True, num_kv_heads=2).eval()
+    shifted = MultiHeadAttention(32, 32, 16, 0.0, 4, True, num_kv_heads=2).eval()
+    shifted.load_state_dict(attn.state_dict())
+    row = torch.randn(16)  # 2 key/value heads of 8
+    with torch.no_grad():
+        shifted.qkv.bias[-16:] += row
+    x = torch.randn(2, 9, 32)
+    torch.testing.assert_close(attn(x, value_embedding=row.expand(2, 9, 16)), shifted(x))
+    torch.testing.assert_close(attn.attention_weights(x), shifted.attention_weights(x))
+    with pytest.raises(ValueError, match=r"^value_embedding must have shape \(batch, tokens, kv "
+                                         r"features\)=\(2, 9, 16\), got \(2, 9, 32\)$"):
+        attn(x, value_embedding=torch.zeros(2, 9, 32))
 
 
 # --- decoding: every decoder equals no cache ------------------------------------------------------
@@ -396,7 +426,8 @@ def test_parameter_counts_and_the_preflight_agree(name):
             model = GPT(cfg)
         count = num_parameters(cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.context_length,
                                cfg.position, cfg.kv_heads / cfg.n_head, norm=cfg.norm,
-                               tie_head=cfg.tie_head, bias=cfg.bias, qkv_bias=cfg.qkv_bias)
+                               tie_head=cfg.tie_head, bias=cfg.bias, qkv_bias=cfg.qkv_bias,
+                               value_embeddings=cfg.value_embeddings)
         assert count == model.num_params(), cfg
         assert estimate_training_memory(cfg.to_dict(), 1).weights == 4 * model.num_params()
 
@@ -409,6 +440,15 @@ def test_sizes_and_flops_of_the_options():
     assert untied.num_params() - gpt2.num_params() == 50257 * 768
     # the same matmuls: an untied embedding is a lookup
     assert untied.flops_per_token() == gpt2.flops_per_token()
+    with torch.device("meta"):  # 4 key/value heads of 64: tables of 256 features
+        gqa, valued = GPT(GPTConfig(num_kv_heads=4)), \
+            GPT(GPTConfig(num_kv_heads=4, value_embeddings=True))
+    assert list(valued.value_embeds) == ["1", "3", "5", "7", "9", "11"]  # the last layer's too
+    assert GPTConfig(n_layer=3, value_embeddings=True).value_embedding_layers == (0, 2)
+    assert GPTConfig(n_layer=1, value_embeddings=True).value_embedding_layers == (0,)
+    assert valued.num_params() - gqa.num_params() == 6 * 50257 * 256
+    assert valued.flops_per_token() == gqa.flops_per_token()  # lookups
+
 
 
 def test_zero_initialized_projections_export_as_gpt2(tmp_path):
@@ -431,7 +471,8 @@ def test_a_training_run_with_every_option(tmp_path):
     overrides = [
         "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.context_length=32",
         "model.norm=rmsnorm", "model.qk_norm=true", "model.mlp=relu2", "model.tie_head=false",
-        "model.zero_init_proj=true", "model.logit_softcap=15", "optim=muon",
+        "model.zero_init_proj=true", "model.logit_softcap=15", "model.value_embeddings=true",
+        "optim=muon",
         "data.batch_size=4", "data.val_tokens=256", "trainer=cpu", "trainer.max_steps=4",
         "trainer.val_check_interval=4", "trainer.enable_progress_bar=false",
         "trainer.precision=32-true", "logger=none", "optim.warmup_steps=1",
@@ -442,6 +483,6 @@ def test_a_training_run_with_every_option(tmp_path):
     summary = run(cfg, run_dir=tmp_path / "run")
     assert summary["steps"] == 4 and math.isfinite(summary["val_loss"])
     model, _, _ = load_checkpoint(summary["last"])
-    assert (model.config.norm, model.config.tie_head, model.config.logit_softcap) == \
-        ("rmsnorm", False, 15.0)
+    assert (model.config.norm, model.config.tie_head, model.config.logit_softcap,
+            model.config.value_embeddings) == ("rmsnorm", False, 15.0, True)
     assert model.lm_head.weight.any()  # the zero head has moved

@@ -218,6 +218,7 @@ def test_checkpoint_round_trip_and_generate_py(name, tmp_path):
     ({"mlp": "relu2"}, r"cannot export mlp='relu2' \(a ReLU² MLP\)"),
     ({"tie_head": False}, r"cannot export tie_head=False \(an untied LM head\)"),
     ({"logit_softcap": 15.0}, r"cannot export logit_softcap=15.0 \(soft-capped logits\)"),
+    ({"value_embeddings": True}, r"cannot export value_embeddings=True \(value embeddings\)"),
 ])
 def test_exporting_a_variant_to_gpt2_names_the_field(tmp_path, fields, message):
     model = GPT(GPTConfig(vocab_size=61, context_length=16, n_layer=1, n_head=2, n_embd=32,

@@ -92,7 +92,7 @@ def test_float16_keeps_the_plain_loss():
 
 
 MODERN = dict(TINY, norm="rmsnorm", qk_norm=True, position="rope", mlp="relu2", tie_head=False,
-              logit_softcap=15.0)
+              logit_softcap=15.0, value_embeddings=True)
 UNFUSED = "norm=rmsnorm, qk_norm, position=rope, mlp=relu2"
 
 

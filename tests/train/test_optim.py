@@ -165,3 +165,21 @@ def test_split_qkv_muon_steps_queries_keys_and_values_as_three_matrices():
     state = optimizers["muon"].state_dict()  # plain tensors, one momentum per view
     assert [s["momentum_buffer"].shape for s in state["state"].values()][:3] == [
         (16, 16), (8, 16), (8, 16)]
+
+
+def test_value_embeddings_are_embeddings_to_the_optimizers():
+    """Lookup tables, like the token embedding: in AdamW's embedding group (undecayed, at
+    embedding_lr), never among Muon's matrices."""
+    from minigpt.train.optim import build_optimizers
+
+    model = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=3, n_head=2, n_embd=16,
+                          value_embeddings=True))
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = param_groups(model, 0.1, embedding_lr=0.5)
+    assert sorted(names[id(p)] for p in groups[2]["params"]) == [
+        "pos_emb.weight", "tok_emb.weight", "value_embeds.0.weight", "value_embeds.2.weight"]
+    optimizers = build_optimizers(model, {**MUON, "embedding_lr": 0.5, "muon_split_qkv": True},
+                                  fused=False)
+    muon = {names.get(id(p), "a qkv view") for g in optimizers["muon"].param_groups
+            for p in g["params"]}
+    assert not any("value_embeds" in n for n in muon)
