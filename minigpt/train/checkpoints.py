@@ -57,15 +57,14 @@ def _gather(obj) -> list:
     return [obj]
 
 
-def restore(fabric: Fabric, path: str | Path, module, optimizers: dict, schedulers: dict,
-            data) -> dict:
-    """Load ``path`` into the model, optimizers, schedulers and data position; return the
+def restore(fabric: Fabric, resume, module, optimizers: dict, schedulers: dict, data) -> dict:
+    """Load the checkpoint of ``resume`` (``minigpt.train.resume.ResumePoint``) into the model,
+    optimizers, schedulers and data position; return the
     progress (``global_step``, ``best_val_loss``) and this process's RNG state (``rng``, or None
     for a process the checkpoint had none for), which the loop restores once its batches are
     ready."""
-    path = Path(path)
-    version, stored = _format_version(path)
-    legacy = version == 1
+    path, stored = Path(resume.path), resume.optimizers
+    legacy = resume.format_version == 1
     if stored is not None and stored != set(optimizers):
         raise ConfigError(f"ckpt_path={path} was trained with optimizer(s) {sorted(stored)}, this "
                           f"run has {sorted(optimizers)}: resume with the optim it was trained "
@@ -95,17 +94,6 @@ def restore(fabric: Fabric, path: str | Path, module, optimizers: dict, schedule
     rank = fabric.global_rank
     return {"global_step": int(rest["global_step"]), "best_val_loss": rest.get("best_val_loss"),
             "rng": states[rank] if rank < len(states) else None}
-
-
-def _format_version(path: Path) -> tuple[int, set | None]:
-    """The checkpoint's format version and, for a whole file of today's format, the names of
-    the optimizers it holds (None where that is not known without loading shards)."""
-    if is_sharded_checkpoint(path):
-        meta = torch.load(path / "meta.pt", map_location="cpu", weights_only=True)
-        return meta[METADATA_KEY]["format_version"], None
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    version = checkpoint[METADATA_KEY]["format_version"]
-    return version, ({k for k in OPTIMIZER_NAMES if k in checkpoint} if version >= 2 else None)
 
 
 def _restore_legacy_file(fabric: Fabric, path: Path, module, optimizer) -> dict:

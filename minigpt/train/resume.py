@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minigpt.checkpoint import METADATA_KEY, read_checkpoint
+from minigpt.checkpoint import METADATA_KEY, is_sharded_checkpoint, read_checkpoint
 from minigpt.model import GPTConfig
+from minigpt.train.checkpoints import OPTIMIZER_NAMES
 from minigpt.train.config import ConfigError
 
 # Fields a resumed run may change: they do not alter the weights' shapes or meaning.
@@ -19,12 +20,15 @@ CHANGEABLE_ON_RESUME = ("dropout",)
 
 @dataclass
 class ResumePoint:
-    """What a checkpoint says about the run it continues."""
+    """What a checkpoint says about the run it continues, read once: the checks before the run
+    and ``minigpt.train.checkpoints.restore`` both use it."""
 
     path: str
     step: int
     model_config: dict
     tokenizer: dict
+    format_version: int
+    optimizers: frozenset | None  # the optimizers' names in a whole file; None: not known
 
 
 def read_resume_point(path: str, max_steps: int) -> ResumePoint:
@@ -41,7 +45,10 @@ def read_resume_point(path: str, max_steps: int) -> ResumePoint:
     except ValueError as e:
         raise ConfigError(f"ckpt_path={path} records a model this minigpt cannot build: {e}") \
             from None
-    return ResumePoint(str(path), step, model_config, dict(meta["tokenizer"]))
+    version = int(meta["format_version"])
+    optimizers = None if version < 2 or is_sharded_checkpoint(path) \
+        else frozenset(k for k in OPTIMIZER_NAMES if k in checkpoint)
+    return ResumePoint(str(path), step, model_config, dict(meta["tokenizer"]), version, optimizers)
 
 
 def model_differences(resume: ResumePoint, model_config: dict, *, skip=()) -> list[str]:

@@ -107,7 +107,7 @@ def _run(cfg: DictConfig, run_dir: Path, callbacks: list) -> dict:
     Fabric.seed_everything(cfg.seed + fabric.global_rank, workers=True, verbose=False)
     loop = build_loop(cfg, fabric, plan, setup, run_dir)
     if resume is not None:
-        restored = restore(fabric, resume.path, loop.module, loop.optimizers, loop.schedulers,
+        restored = restore(fabric, resume, loop.module, loop.optimizers, loop.schedulers,
                            setup.data)
         loop.progress = Progress(restored["global_step"], restored["best_val_loss"])
         loop.pending_rng = restored["rng"]

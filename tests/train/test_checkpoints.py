@@ -68,6 +68,7 @@ def test_lightning_era_checkpoint_resumes(tmp_path, checkpoint_v1):
     from minigpt.train.checkpoints import restore
     from minigpt.train.loop import ModelWithLoss
     from minigpt.train.optim import adamw_with_schedule
+    from minigpt.train.resume import read_resume_point
 
     model, _, meta = load_checkpoint(checkpoint_v1)
     fresh = type(model)(model.config)
@@ -79,8 +80,8 @@ def test_lightning_era_checkpoint_resumes(tmp_path, checkpoint_v1):
     optimizer = fabric.setup_optimizers(optimizer)
     data = TokenDataModule({"name": "x", "source": "shakespeare", "tokenizer": "char",
                             "batch_size": 2}, context_length=16, seed=1337, data_root=tmp_path)
-    restored = restore(fabric, checkpoint_v1, module, {"optimizer": optimizer},
-                       {"optimizer": scheduler}, data)
+    restored = restore(fabric, read_resume_point(checkpoint_v1, 10), module,
+                       {"optimizer": optimizer}, {"optimizer": scheduler}, data)
     assert restored["global_step"] == 3 and restored["rng"] is not None
     for a, b in zip(fresh.parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(a, b)
