@@ -58,11 +58,11 @@ def _gather(obj) -> list:
 
 
 def restore(fabric: Fabric, resume, module, optimizers: dict, schedulers: dict, data) -> dict:
-    """Load the checkpoint of ``resume`` (``minigpt.train.resume.ResumePoint``) into the model,
-    optimizers, schedulers and data position; return the
-    progress (``global_step``, ``best_val_loss``) and this process's RNG state (``rng``, or None
-    for a process the checkpoint had none for), which the loop restores once its batches are
-    ready."""
+    """Load the checkpoint of ``resume`` (``minigpt.train.resume.ResumePoint``, whose header
+    was read before the run was built) into the model, optimizers, schedulers and data
+    position; return the progress (``global_step``, ``best_val_loss``) and this process's RNG
+    state (``rng``, or None for a process the checkpoint had none for), which the loop restores
+    once its batches are ready."""
     path, stored = Path(resume.path), resume.optimizers
     legacy = resume.format_version == 1
     if stored is not None and stored != set(optimizers):
