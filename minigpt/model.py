@@ -352,8 +352,8 @@ class GPT(nn.Module):
         """Layer ``layer``'s value embedding of ``idx`` (B, T, key/value features), or None
         for a layer without one. Token identity reaches that layer's values directly, whatever
         the residual stream has made of it (the modded-nanogpt speedrun, nanochat)."""
-        table = self.value_embeds[str(layer)] if str(layer) in self.value_embeds else None
-        return None if table is None else table(idx)
+        key = str(layer)
+        return self.value_embeds[key](idx) if key in self.value_embeds else None
 
     def embed(self, idx: Tensor, position_ids: Tensor) -> Tensor:
         """Token embeddings plus, for learned positions, the position table's rows (B, T, C)."""

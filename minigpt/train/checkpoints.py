@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from lightning.fabric import Fabric
@@ -28,6 +29,9 @@ from lightning.fabric import Fabric
 from minigpt.checkpoint import METADATA_KEY, checkpoint_metadata, is_sharded_checkpoint
 from minigpt.errors import ConfigError
 from minigpt.train.rng import rng_state
+
+if TYPE_CHECKING:  # resume.py imports this module
+    from minigpt.train.resume import ResumePoint
 
 BEST, LAST = "best.ckpt", "last.ckpt"
 OPTIMIZER_NAMES = ("optimizer", "muon")  # AdamW (alone, or for what Muon does not step), Muon
@@ -57,12 +61,12 @@ def _gather(obj) -> list:
     return [obj]
 
 
-def restore(fabric: Fabric, resume, module, optimizers: dict, schedulers: dict, data) -> dict:
-    """Load the checkpoint of ``resume`` (``minigpt.train.resume.ResumePoint``, whose header
-    was read before the run was built) into the model, optimizers, schedulers and data
-    position; return the progress (``global_step``, ``best_val_loss``) and this process's RNG
-    state (``rng``, or None for a process the checkpoint had none for), which the loop restores
-    once its batches are ready."""
+def restore(fabric: Fabric, resume: ResumePoint, module, optimizers: dict, schedulers: dict,
+            data) -> dict:
+    """Load the checkpoint of ``resume`` (its header read once, before the run was built) into
+    the model, optimizers, schedulers and data position; return the progress (``global_step``,
+    ``best_val_loss``) and this process's RNG state (``rng``, or None for a process the
+    checkpoint had none for), which the loop restores once its batches are ready."""
     path, stored = Path(resume.path), resume.optimizers
     legacy = resume.format_version == 1
     if stored is not None and stored != set(optimizers):
