@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from lightning.fabric import Fabric
@@ -29,9 +28,6 @@ from lightning.fabric import Fabric
 from minigpt.checkpoint import METADATA_KEY, checkpoint_metadata, is_sharded_checkpoint
 from minigpt.errors import ConfigError
 from minigpt.train.rng import rng_state
-
-if TYPE_CHECKING:  # resume.py imports this module
-    from minigpt.train.resume import ResumePoint
 
 BEST, LAST = "best.ckpt", "last.ckpt"
 OPTIMIZER_NAMES = ("optimizer", "muon")  # AdamW (alone, or for what Muon does not step), Muon
@@ -61,9 +57,9 @@ def _gather(obj) -> list:
     return [obj]
 
 
-def restore(fabric: Fabric, resume: ResumePoint, module, optimizers: dict, schedulers: dict,
-            data) -> dict:
-    """Load the checkpoint of ``resume`` (its header read once, before the run was built) into
+def restore(fabric: Fabric, resume, module, optimizers: dict, schedulers: dict, data) -> dict:
+    """Load the checkpoint of ``resume`` (a ``minigpt.train.resume.ResumePoint``, untyped here:
+    resume.py imports this module; its header read once, before the run was built) into
     the model, optimizers, schedulers and data position; return the progress (``global_step``,
     ``best_val_loss``) and this process's RNG state (``rng``, or None for a process the
     checkpoint had none for), which the loop restores once its batches are ready."""
