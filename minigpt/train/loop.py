@@ -23,10 +23,11 @@ from lightning.fabric.utilities.throughput import Throughput, get_available_flop
 from torch import nn
 from tqdm import tqdm
 
+from minigpt.checkpoint.format import BEST, LAST
+from minigpt.checkpoint.write import CheckpointFiles, training_state
 from minigpt.data import TokenDataModule
 from minigpt.eval.training import hellaswag_in_training
 from minigpt.model import GPT
-from minigpt.train.checkpoints import BEST, LAST, CheckpointFiles, training_state
 from minigpt.train.interrupt import StopRequest
 from minigpt.train.plan import RunPlan
 from minigpt.train.rng import set_rng_state

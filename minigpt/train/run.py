@@ -25,15 +25,22 @@ from lightning.fabric.utilities import rank_zero_info, rank_zero_only, rank_zero
 from omegaconf import DictConfig, OmegaConf
 
 from minigpt.checkpoint import MODEL_FILE, find_latest_checkpoint, is_sharded_checkpoint
+from minigpt.checkpoint.consolidate import consolidate
+from minigpt.checkpoint.format import LAST
+from minigpt.checkpoint.restore import (
+    ResumePoint,
+    check_resume_matches,
+    read_resume_point,
+    restore,
+)
+from minigpt.checkpoint.write import CheckpointFiles
 from minigpt.config_schema import TrainSchema, check_keys
-from minigpt.consolidate import consolidate
 from minigpt.cpu import speed_up_training
 from minigpt.data import DataConfig, TokenDataModule, check_vocab_fits, open_tokens, prepare_dataset
 from minigpt.errors import ConfigError
 from minigpt.eval.training import training_items
 from minigpt.model import GPT
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
-from minigpt.train.checkpoints import LAST, CheckpointFiles, restore
 from minigpt.train.config import check_config, gpt_config
 from minigpt.train.launch import build_fabric
 from minigpt.train.loggers import build_loggers
@@ -46,7 +53,6 @@ from minigpt.train.preflight import (
     out_of_memory_as_resource_error,
     vocab_before_data,
 )
-from minigpt.train.resume import ResumePoint, check_resume_matches, read_resume_point
 from minigpt.train.run_dir import check_run_dir_free, remove_unstarted
 from minigpt.train.sample import Sampler, gathered_parameters
 

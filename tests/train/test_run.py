@@ -451,7 +451,7 @@ def test_fsdp_two_cpu_processes_sharded_checkpoints(tmp_path, data_root):
     model, _, _ = load_checkpoint(ckpt_dir / "model.ckpt")
     assert float(sums["0"]) == pytest.approx(
         sum(float(p.detach().double().sum()) for p in model.parameters()), rel=1e-9)
-    from minigpt.consolidate import main as checkpoint_cli
+    from minigpt.checkpoint.consolidate import main as checkpoint_cli
 
     assert checkpoint_cli(["consolidate", str(run_dir), "--out", str(tmp_path / "m.ckpt")]) == 0
     again, _, _ = load_checkpoint(tmp_path / "m.ckpt")
