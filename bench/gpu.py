@@ -45,7 +45,8 @@ sys.path.insert(0, str(ROOT))  # run from a checkout
 from lightning.fabric.utilities.throughput import get_available_flops  # noqa: E402
 from recipe_configs import recipe  # noqa: E402
 
-from generate import decoding_dtype, place_model  # noqa: E402
+from minigpt.devices import inference_dtype  # noqa: E402
+from minigpt.inference import place_model  # noqa: E402
 from minigpt.model import GPT, GPTConfig  # noqa: E402
 from minigpt.sampling import generate  # noqa: E402
 from minigpt.static_decoding import StaticDecoder  # noqa: E402
@@ -317,8 +318,7 @@ def decoding_table(plan: Plan, batches=(1, 8)) -> dict:
     model = GPT(plan.config).eval()
     hf = _transformers_decoder(model, plan)
     compiled = plan.device.type == "cuda"  # generate.py's decoder=auto
-    place_model(model, device, getattr(torch, decoding_dtype("auto", device)),
-                "auto" if not compiled else False)
+    place_model(model, device, inference_dtype("auto", device), cpu_speedups=not compiled)
     rows = {}
     for batch in batches:
         prompt = torch.randint(0, plan.config.vocab_size, (batch, plan.prompt_tokens),

@@ -185,7 +185,7 @@ def test_config_from_dict_names_unknown_keys_and_round_trips():
 def test_core_imports_no_framework_and_no_speedups():
     code = (
         "import sys, minigpt.attention, minigpt.model, minigpt.sampling, minigpt.hf, "
-        "minigpt.checkpoint, minigpt.checkpoint.consolidate\n"
+        "minigpt.checkpoint, minigpt.checkpoint.consolidate, minigpt.devices, minigpt.inference\n"
         "banned = ('lightning', 'pytorch_lightning', 'hydra', 'omegaconf', 'wandb', "
         "'transformers', 'huggingface_hub', 'minigpt.cpu', 'minigpt.train')\n"
         "print(sorted(m for m in sys.modules if m.startswith(banned)))\n"

@@ -104,24 +104,7 @@ def restore(fabric: Fabric, resume: ResumePoint, module, optimizers: dict, sched
         raise ConfigError(f"ckpt_path={path} was trained with optimizer(s) {sorted(stored)}, this "
                           f"run has {sorted(optimizers)}: resume with the optim it was trained "
                           f"with, or start a new run from its weights with model.init_from={path}")
-    if legacy and not is_sharded_checkpoint(path):
-        rest = _restore_legacy_file(fabric, path, module, optimizers["optimizer"])
-    elif legacy:
-        rest = fabric.load(path, {"model": module,
-                                  LEGACY_KEYS["sharded_optimizer"]: optimizers["optimizer"]},
-                           strict=False, weights_only=True)
-    else:
-        try:
-            rest = fabric.load(path, {"model": module, **optimizers}, strict=False,
-                               weights_only=True)
-        except ValueError as e:  # torch.optim: a group's parameter count differs
-            if "parameter group" not in str(e):
-                raise
-            raise ConfigError(f"ckpt_path={path} holds optimizer state for other parameters than "
-                              f"this run's ({e}): resume with the optim settings it was trained "
-                              "with (its run directory's config.yaml; e.g. optim.muon_split_qkv, "
-                              "optim.embedding_lr, optim.head_lr), or start a new run from its "
-                              f"weights with model.init_from={path}") from None
+    rest = _load_state(fabric, path, legacy, module, optimizers)
     states = {"optimizer": rest[LEGACY_KEYS["schedulers"]][0]} if legacy else rest["schedulers"]
     for name, scheduler in schedulers.items():
         scheduler.load_state_dict(states[name])
@@ -130,6 +113,26 @@ def restore(fabric: Fabric, resume: ResumePoint, module, optimizers: dict, sched
     rank = fabric.global_rank
     return {"global_step": int(rest["global_step"]), "best_val_loss": rest.get("best_val_loss"),
             "rng": states[rank] if rank < len(states) else None}
+
+
+def _load_state(fabric: Fabric, path: Path, legacy: bool, module, optimizers: dict) -> dict:
+    """``fabric.load`` of the model and optimizers (in place); the rest of the checkpoint."""
+    if legacy and not is_sharded_checkpoint(path):
+        return _restore_legacy_file(fabric, path, module, optimizers["optimizer"])
+    if legacy:
+        return fabric.load(path, {"model": module,
+                                  LEGACY_KEYS["sharded_optimizer"]: optimizers["optimizer"]},
+                           strict=False, weights_only=True)
+    try:
+        return fabric.load(path, {"model": module, **optimizers}, strict=False, weights_only=True)
+    except ValueError as e:  # torch.optim: a group's parameter count differs
+        if "parameter group" not in str(e):
+            raise
+        raise ConfigError(f"ckpt_path={path} holds optimizer state for other parameters than "
+                          f"this run's ({e}): resume with the optim settings it was trained "
+                          "with (its run directory's config.yaml; e.g. optim.muon_split_qkv, "
+                          "optim.embedding_lr, optim.head_lr), or start a new run from its "
+                          f"weights with model.init_from={path}") from None
 
 
 def _restore_legacy_file(fabric: Fabric, path: Path, module, optimizer) -> dict:
