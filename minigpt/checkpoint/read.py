@@ -39,7 +39,7 @@ def read_checkpoint(path, map_location="cpu", *, sharded: bool = False) -> dict:
     shards = is_sharded_checkpoint(path)
     if shards and not sharded:
         raise CheckpointError(f"{path} is a sharded FSDP checkpoint (a directory); read its model "
-                              f"from {path.parent / 'model.ckpt'}, written at the end of the run "
+                              f"from {path.parent / MODEL_FILE}, written at the end of the run "
                               f"or by `python -m minigpt.checkpoint consolidate {path}`")
     if shards:
         path = path / METADATA_FILE  # the weights are checked when FSDP loads its shards
