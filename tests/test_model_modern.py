@@ -182,12 +182,12 @@ def test_defaults_are_gpt2_and_old_configs_load():
     ({"mlp": "swiglu"}, r"^GPTConfig: mlp='swiglu' must be one of gelu, relu2$"),
     ({"qk_norm": "yes"}, r"^GPTConfig: qk_norm='yes' must be true or false$"),
     ({"tie_head": 0}, r"^GPTConfig: tie_head=0 must be true or false$"),
-    ({"zero_init_proj": None}, r"^GPTConfig: zero_init_proj=None must be true or false$"),
+    ({"zero_init_proj": None}, r"^GPTConfig: zero_init_proj=null must be true or false$"),
     ({"value_embeddings": 1}, r"^GPTConfig: value_embeddings=1 must be true or false$"),
-    ({"logit_softcap": 0}, r"^GPTConfig: logit_softcap=0 must be a positive number or None$"),
+    ({"logit_softcap": 0}, r"^GPTConfig: logit_softcap=0 must be a positive number or null$"),
     ({"logit_softcap": -15.0}, r"^GPTConfig: logit_softcap=-15.0 must be a positive number"),
     ({"logit_softcap": float("inf")}, r"^GPTConfig: logit_softcap=inf must be a positive"),
-    ({"logit_softcap": True}, r"^GPTConfig: logit_softcap=True must be a positive number"),
+    ({"logit_softcap": True}, r"^GPTConfig: logit_softcap=true must be a positive number"),
 ])
 def test_bad_values_are_one_line(values, message):
     with pytest.raises(ValueError, match=message) as error:
