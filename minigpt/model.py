@@ -71,18 +71,23 @@ class GPTConfig:
             raise ValueError("GPTConfig: " + "; ".join(problems))
 
     def problems(self) -> list[str]:
-        """Every bad value, one phrase each: each field against its type and ``GPT_CONFIG_RULES``,
-        then the rules that span fields (those only once the sizes are valid)."""
-        problems = field_problems(self, GPT_CONFIG_RULES)
-        if problems:
-            return problems
-        spanning = [check_kv_heads(self.num_kv_heads, self.n_head)
+        """Every bad value, one phrase each: each field against its type and
+        ``GPT_CONFIG_RULES``, then the rules that span fields."""
+        return field_problems(self, GPT_CONFIG_RULES) + self.spanning_problems()
+
+    def spanning_problems(self) -> list[str]:
+        """The rules across fields: heads divide the width, key/value heads divide the heads,
+        rope's head dimension is even (each once the sizes it needs are valid)."""
+        sizes = (self.n_head, self.n_embd)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
+            return []
+        problems = [check_kv_heads(self.num_kv_heads, self.n_head)
                     if self.num_kv_heads is not None else None]
         if self.n_embd % self.n_head != 0:
-            spanning.append(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+            problems.append(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         elif self.position == "rope":
-            spanning.append(check_rope_head_dim(self.n_embd // self.n_head))
-        return [p for p in spanning if p]
+            problems.append(check_rope_head_dim(self.n_embd // self.n_head))
+        return [p for p in problems if p]
 
     @property
     def kv_heads(self) -> int:

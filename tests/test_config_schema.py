@@ -11,8 +11,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from minigpt.config_schema import (
-    GROUP_SCHEMAS,
+from minigpt.config import (
     ConfigKeyError,
     GenerateSchema,
     PrepareSchema,
@@ -21,6 +20,7 @@ from minigpt.config_schema import (
     closest_key,
     describe_config_error,
 )
+from minigpt.config.schema import GROUP_SCHEMAS
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -14,16 +14,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from minigpt.attention import MultiHeadAttention
 from minigpt.checkpoint import checkpoint_metadata, load_checkpoint
+from minigpt.config import TrainSchema, typed
 from minigpt.cpu import speed_up_decoding, speed_up_training
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate, pad_prompts
 from minigpt.static_decoding import StaticDecoder
 from minigpt.tokenizer import get_tokenizer
-from minigpt.train.config import gpt_config
 from minigpt.train.preflight import estimate_training_memory, num_parameters
 from minigpt.viz import attention_maps
 
@@ -217,11 +216,11 @@ def test_hydra_configs_take_the_options():
         with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
             cfg = compose("train", overrides=preset + overrides)
             default = compose("train", overrides=preset)
-        built = gpt_config(OmegaConf.to_container(cfg.model, resolve=True), 64)
+        built = typed(cfg, TrainSchema).model.gpt_config(64)
         assert (built.norm, built.qk_norm, built.mlp, built.tie_head, built.zero_init_proj,
                 built.logit_softcap, built.value_embeddings) == \
             ("rmsnorm", True, "relu2", False, True, 15.0, True)
-        plain = gpt_config(OmegaConf.to_container(default.model, resolve=True), 64)
+        plain = typed(default, TrainSchema).model.gpt_config(64)
         assert plain == GPTConfig(**{**plain.to_dict(), **{k: getattr(GPTConfig(), k)
                                                            for k in ALL}})
 
