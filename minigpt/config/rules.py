@@ -62,7 +62,7 @@ TRAIN_RULES: dict[str, Rule] = {
 }
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 GENERATE_RULES: dict[str, Rule] = {
-    "max_new_tokens": AT_LEAST_0, "num_samples": AT_LEAST_1, "crop_to": AT_LEAST_0,
+    "max_new_tokens": AT_LEAST_0, "num_samples": AT_LEAST_1, "seed": AT_LEAST_0,
     "cpu_speedups": OneOf(("auto", False)), "dtype": OneOf(DTYPES),
     "decoder": OneOf(("auto", "eager", "compiled")),
 }
