@@ -11,6 +11,7 @@ from typing import Any
 
 from minigpt.config.reports import check_keys
 from minigpt.config.schema import EvalCommandSchema, GenerateSchema, TrainSchema
+from minigpt.data.config import DATA_RULES
 from minigpt.field_rules import OneOf, Range, Rule, Satisfies, field_problems
 from minigpt.model import GPT_CONFIG_RULES
 
@@ -50,6 +51,7 @@ TRAINER_RULES = {
 }
 TRAIN_RULES: dict[str, Rule] = {
     **_under("model", GPT_CONFIG_RULES),
+    **_under("data", DATA_RULES),
     **_under("optim", OPTIM_RULES),
     **_under("trainer", TRAINER_RULES),
     "logger.type": OneOf(("wandb", "csv", "none")),
@@ -96,7 +98,8 @@ def train_problems(train: TrainSchema) -> list[str]:
     """Every bad value of a training config, one phrase each: single fields (types and
     ``TRAIN_RULES``), then the rules that span fields."""
     return field_problems(train, TRAIN_RULES) + \
-        [f"model.{p}" for p in train.model.spanning_problems()] + spanning_problems(train)
+        [f"model.{p}" for p in train.model.spanning_problems()] + \
+        [f"data.{p}" for p in train.data.spanning_problems()] + spanning_problems(train)
 
 
 def spanning_problems(train: TrainSchema) -> list[str]:

@@ -37,6 +37,15 @@ class ModelSchema(GPTConfig):
 
 
 @dataclass
+class DataSchema(DataConfig):
+    """``configs/data/*.yaml``: ``DataConfig``'s fields, not checked when built: a run checks them
+    with the rest of its config, preparation when it takes them (``DataConfig.from_any``)."""
+
+    def __post_init__(self):
+        pass
+
+
+@dataclass
 class OptimSchema:
     """``configs/optim/*.yaml``: AdamW (or Muon for the blocks' matrices and AdamW for the rest)
     with linear warmup and a cosine or warmup-stable-decay schedule; the defaults are GPT-2's
@@ -132,7 +141,7 @@ class TrainSchema:
     """``configs/train.yaml``'s own keys; the groups bring theirs."""
 
     model: ModelSchema = field(default_factory=ModelSchema)
-    data: DataConfig = field(default_factory=lambda: DataConfig(name="shakespeare_char"))
+    data: DataSchema = field(default_factory=lambda: DataSchema(name="shakespeare_char"))
     optim: OptimSchema = field(default_factory=OptimSchema)
     trainer: TrainerSchema = field(default_factory=TrainerSchema)
     logger: LoggerSchema = field(default_factory=LoggerSchema)
@@ -151,7 +160,7 @@ class TrainSchema:
 class PrepareSchema:
     """``configs/prepare.yaml`` (``python -m minigpt.data``)."""
 
-    data: DataConfig = field(default_factory=lambda: DataConfig(name="shakespeare_char"))
+    data: DataSchema = field(default_factory=lambda: DataSchema(name="shakespeare_char"))
     data_root: str = "data"
 
 
@@ -205,7 +214,7 @@ class EvalCommandSchema:
 
 
 # (group, schema): each group's YAML files start with `defaults: [schema]`.
-GROUP_SCHEMAS = (("model", ModelSchema), ("data", DataConfig), ("optim", OptimSchema),
+GROUP_SCHEMAS = (("model", ModelSchema), ("data", DataSchema), ("optim", OptimSchema),
                  ("trainer", TrainerSchema), ("logger", LoggerSchema))
 # (name, schema) of the primary configs, named first in train/prepare/generate/eval.yaml.
 PRIMARY_SCHEMAS = (("train_schema", TrainSchema), ("prepare_schema", PrepareSchema),
