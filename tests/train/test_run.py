@@ -338,7 +338,7 @@ def _train_py(tmp_path, *args, timeout=120, script=ROOT / "train.py"):
 def test_cli_bad_override_is_one_line(tmp_path, data_root):
     result = _train_py(tmp_path, f"data_root={data_root}", "optim.lr=-1", "logger=none")
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: bad config: optim.lr=-1.0 must be a number >= 0"
+    assert result.stderr.strip() == "error: bad config: optim.lr=-1.0 must be a positive number"
     assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("*.ckpt"))
 
 
