@@ -13,20 +13,22 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from minigpt.config_schema import GenerateSchema, check_keys, config_errors, register_schemas
+from minigpt.config import GenerateSchema, config_errors, register_schemas, settings_problems, typed
 
-DECODERS = ("auto", "eager", "compiled")
 SEPARATOR = "\n---------------\n"
 
 
-def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
+def run(cfg: GenerateSchema | DictConfig, out=sys.stdout) -> list[str]:
     """Generate ``cfg.num_samples`` samples of each prompt (``prompt``, or one per line of
     ``prompts=@file.txt``, all sampled as one left-padded batch); print them to ``out`` and
-    return their text (prompt + continuation, without the end-of-text token)."""
+    return their text (prompt + continuation, without the end-of-text token). ``cfg``: the
+    typed config (a composed one is converted)."""
     import torch
 
     from minigpt.inference import load_for_inference
     from minigpt.sampling import generate, pad_prompts, validate_sampling
+
+    cfg = typed(cfg, GenerateSchema)
 
     validate_sampling(cfg.temperature, cfg.top_k, cfg.top_p)  # fail before loading anything
     _check_options(cfg)
@@ -102,20 +104,9 @@ def _decode_rows(tokenizer, tokens, eos_id: int | None) -> list[str]:
     return texts
 
 
-def _check_options(cfg: DictConfig) -> None:
-    from minigpt.devices import DTYPES
-
-    problems = []
-    for name in ("max_new_tokens", "num_samples", "seed"):
-        value, low = cfg[name], 0 if name != "num_samples" else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            problems.append(f"{name}={value!r} must be an integer >= {low}")
-    if cfg.cpu_speedups not in ("auto", False):
-        problems.append(f"cpu_speedups={cfg.cpu_speedups!r} must be auto or false")
-    if cfg.decoder not in DECODERS:
-        problems.append(f"decoder={cfg.decoder!r} must be one of {DECODERS}")
-    if cfg.dtype not in DTYPES:
-        problems.append(f"dtype={cfg.dtype!r} must be one of {DTYPES}")
+def _check_options(cfg: GenerateSchema) -> None:
+    """Every bad value at once: the schema's types and rules, then the rules across fields."""
+    problems = settings_problems(cfg)
     if cfg.ckpt_path is not None and cfg.pretrained is not None:
         problems.append("give ckpt_path or pretrained, not both")
     if sum([bool(cfg.prompt), cfg.prompt_file is not None, cfg.prompts is not None]) > 1:
@@ -185,7 +176,7 @@ def _info(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-register_schemas()  # configs/generate.yaml names its schema (minigpt/config_schema.py)
+register_schemas()  # configs/generate.yaml names its schema (minigpt/config/schema.py)
 
 
 @hydra.main(config_path="configs", config_name="generate", version_base="1.3")
@@ -196,8 +187,7 @@ def main(cfg: DictConfig) -> None:
         # Bad input: one line and exit status 2. Sampling options and hub downloads report as
         # ValueError / OSError; other exceptions are bugs and keep their traceback.
         with one_line_errors(ValueError, OSError):
-            check_keys(cfg, GenerateSchema)  # keys added with + that the schema lacks
-            run(cfg)
+            run(typed(cfg, GenerateSchema))  # the typed config, from here on
     except KeyboardInterrupt:
         sys.exit(130)
 

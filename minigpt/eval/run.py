@@ -10,17 +10,18 @@ import sys
 
 from omegaconf import DictConfig
 
+from minigpt.config import EvalCommandSchema, settings_problems, typed
 from minigpt.errors import UserError
 
-TASKS = ("hellaswag", "harness")
 
-
-def run(cfg: DictConfig, out=None) -> dict:
+def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
     """Score the model ``cfg`` names on ``cfg.task``; print the table to ``out`` (stdout), write
-    ``cfg.out``; return what was written."""
+    ``cfg.out``; return what was written. ``cfg``: the typed config (a composed one is
+    converted)."""
     from minigpt.devices import check_device
 
     out = out or sys.stdout
+    cfg = typed(cfg, EvalCommandSchema)
     _check_options(cfg)
     check_device(cfg.device)  # before the items and the model are read
     if cfg.task == "hellaswag":  # read the items before the model: a bad file fails at once
@@ -85,21 +86,9 @@ def _task_list(tasks) -> list[str]:
     return names
 
 
-def _check_options(cfg: DictConfig) -> None:
-    from minigpt.devices import DTYPES
-
-    problems = []
-    if cfg.task not in TASKS:
-        problems.append(f"task={cfg.task!r} must be one of {TASKS}")
-    if cfg.dtype not in DTYPES:
-        problems.append(f"dtype={cfg.dtype!r} must be one of {DTYPES}")
-    for name, low in (("batch_size", 1), ("max_gen_toks", 1)):
-        value = cfg[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            problems.append(f"{name}={value!r} must be an integer >= {low}")
-    if cfg.limit is not None and (isinstance(cfg.limit, bool) or not isinstance(cfg.limit, int)
-                                  or cfg.limit < 1):
-        problems.append(f"limit={cfg.limit!r} must be a positive integer or null (all)")
+def _check_options(cfg: EvalCommandSchema) -> None:
+    """Every bad value at once: the schema's types and rules, then the rules across fields."""
+    problems = settings_problems(cfg)
     if cfg.ckpt_path is not None and cfg.pretrained is not None:
         problems.append("give ckpt_path or pretrained, not both")
     if cfg.task == "hellaswag" and cfg.tasks is not None:
