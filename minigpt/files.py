@@ -1,25 +1,82 @@
-"""Writing files so that a crash or kill never leaves half a file under the final name."""
+"""Writing files so that a crash, a kill or a full disk never leaves half a file under the final
+name."""
 
 from __future__ import annotations
 
+import errno
 import os
-import tempfile
+import secrets
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from minigpt.errors import UserError
+
+# Below this many free bytes after a failed write, the disk being full is the reason: torch and
+# safetensors report a full disk as their own errors, without errno.
+NEARLY_FULL = 1 << 20
+
+
+class DiskFullError(UserError, OSError):
+    """A write that did not fit on its filesystem; the message names the file, the bytes it
+    needed as far as known, and the fix. The previous file, if any, is unchanged."""
+
 
 def atomic_write(target: str | os.PathLike, write: Callable[[Path], object]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``target``, flush it to disk, then rename
-    it over ``target`` (atomic within one filesystem). On any failure, Ctrl-C included, the
-    temporary file is removed and ``target`` is left as it was."""
+    """Call ``write(tmp)`` on a new temporary file beside ``target`` (created with the user's
+    umask, like any file they write), flush it to disk, then rename it over ``target`` (atomic
+    within one filesystem). On any failure, Ctrl-C included, the temporary file is removed and
+    ``target`` is left as it was; a full disk raises ``DiskFullError``."""
     target = Path(target)
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp = Path(name)
+    tmp = _new_file_beside(target)
     try:
-        write(tmp)
-        with open(tmp, "rb+") as f:  # data on disk before the rename makes it visible
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        try:
+            write(tmp)
+            with open(tmp, "rb+") as f:  # data on disk before the rename makes it visible
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except Exception as e:
+            if _out_of_space(e, tmp):
+                raise _disk_full(target, tmp) from None
+            raise
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _new_file_beside(target: Path) -> Path:
+    """A new, empty ``.<name>.<random>.tmp`` in ``target``'s directory. Opened with mode 0o666
+    so that the umask decides its permissions (``tempfile.mkstemp`` makes every file 0600)."""
+    for _ in range(100):
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {target}")
+
+
+def _out_of_space(error: BaseException | None, tmp: Path) -> bool:
+    """Whether ``error`` (or an error it was raised from) is a full disk or quota, or the
+    filesystem holding ``tmp`` is now all but full."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    try:
+        return shutil.disk_usage(tmp.parent).free < NEARLY_FULL
+    except OSError:
+        return False
+
+
+def _disk_full(target: Path, tmp: Path) -> DiskFullError:
+    written = tmp.stat().st_size if tmp.exists() else 0
+    tmp.unlink(missing_ok=True)  # first, so that the free space below counts its bytes
+    free = shutil.disk_usage(target.parent).free
+    kept = f"; the previous {target.name} is unchanged" if target.exists() else ""
+    error = DiskFullError(
+        f"{target}: no space left on the device ({written:,} bytes written before it filled, so "
+        f"it needs more than that; {free:,} bytes are free in {target.parent}): free disk space "
+        f"there or write to another directory{kept}")
+    error.errno = errno.ENOSPC  # for callers that check it (a filename would change str())
+    return error
