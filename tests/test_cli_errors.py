@@ -220,3 +220,30 @@ def test_a_rebuild_says_why_on_the_console(tmp_path, capfd):
         meta["vocab_size"]
     err = capfd.readouterr().err
     assert f"preparing {meta_path.parent} again: {meta_path}: vocab_size=3" in err
+
+
+def test_a_second_writer_of_a_run_directory_is_refused_and_changes_nothing(tmp_path,
+                                                                          checkpoint_v1):
+    """Resuming a run in place while another process trains it: one line naming that process,
+    and nothing of the holder's touched (its lock, its checkpoints)."""
+    from lock_holder import hold_in_another_process
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(checkpoint_v1.read_bytes())
+    holder = hold_in_another_process(run_dir)
+    try:
+        result, _ = cli(tmp_path, "train.py", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
+                        f"hydra.run.dir={run_dir}", *FIXTURE_MODEL, f"data_root={tmp_path}/data",
+                        *QUIET)
+        lock_text = (run_dir / ".writer.lock").read_text()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: {run_dir} is in use by another training process (pid {holder.pid} on "), lines
+    assert lock_text.split()[0] == str(holder.pid)  # the holder's lock is untouched
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt"]
+    assert not (run_dir / "config.yaml").exists() and not (run_dir / "csv").exists()

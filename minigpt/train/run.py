@@ -47,7 +47,7 @@ from minigpt.train.preflight import (
     vocab_before_data,
 )
 from minigpt.train.resume import ResumePoint, check_resume_matches, read_resume_point
-from minigpt.train.run_dir import check_run_dir_free, remove_unstarted
+from minigpt.train.run_dir import RunDirLock, check_run_dir_free, remove_unstarted
 from minigpt.train.sample import Sampler, gathered_parameters
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
     step leaves nothing behind in ``run_dir``."""
     run_dir = _run_dir(run_dir).resolve()
     check_run_dir_free(run_dir, cfg.get("ckpt_path"))  # before anything of ours is written there
+    writer = RunDirLock(run_dir).acquire()  # one process writes into a run directory
     started = []
     try:
         return _run(cfg, run_dir, list(callbacks) + [_FirstStep(started)])
@@ -68,6 +69,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tu
         if not started and rank_zero_only.rank == 0:
             remove_unstarted(run_dir)
         raise
+    finally:
+        writer.release()
 
 
 class _FirstStep:
