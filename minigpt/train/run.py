@@ -90,7 +90,8 @@ def _run(cfg: DictConfig, run_dir: Path, callbacks: list) -> dict:
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), Path("outputs"))
     resume = read_resume_point(ckpt_path, cfg.trainer.max_steps) if ckpt_path else None
     plan = resolve_plan(cfg, world_size=1)
-    fabric = build_fabric(cfg, plan, build_loggers(cfg.logger, run_dir), callbacks)
+    loggers = build_loggers(cfg.logger, run_dir, resume.step if resume else None)
+    fabric = build_fabric(cfg, plan, loggers, callbacks)
     plan = plan.for_world(fabric.world_size)
     preflight(cfg, plan, resume)  # before the data is prepared: bad sizes fail in seconds
     fabric.launch()
