@@ -122,6 +122,7 @@ class WandbRun(Logger):
                 config=config, settings=wandb.Settings(init_timeout=60, console="off"),
                 id=earlier, resume="allow" if earlier else None,
             )
+            self.id_file.parent.mkdir(parents=True, exist_ok=True)
             self.id_file.write_text(f"{self.run.id}\n")
             self.run.summary["run_dir"] = str(self.run_dir)
             self.run.summary["checkpoint_dir"] = str(self.run_dir / "checkpoints")
