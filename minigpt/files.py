@@ -1,13 +1,14 @@
-"""Writing files so that a crash, a kill or a full disk never leaves half a file under the final
-name."""
+"""Files: writing them so that a crash, a kill or a full disk never leaves half a file under the
+final name, and reading text a user hands us so that bad content is named by file and line."""
 
 from __future__ import annotations
 
+import codecs
 import errno
 import os
 import secrets
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from minigpt.errors import UserError
@@ -80,3 +81,53 @@ def _disk_full(target: Path, tmp: Path) -> DiskFullError:
         f"there or write to another directory{kept}")
     error.errno = errno.ENOSPC  # for callers that check it (a filename would change str())
     return error
+
+
+class TextFileError(UserError, ValueError):
+    """A file that should hold text does not: the message starts ``<file>:<line>:``."""
+
+
+# Binary files (images, archives, compiled data) almost always hold a NUL byte early; text never.
+SNIFF_BYTES = 8192
+
+
+def text_lines(path: str | os.PathLike, encoding: str = "utf-8") -> Iterator[tuple[int, str]]:
+    """The lines of a text file (line endings kept) with their numbers from 1, decoded one by
+    one, so that a NUL byte (binary content) or bytes that are not ``encoding`` raise
+    ``TextFileError`` naming the file and the line. UTF-16 and UTF-32, whose newline is not the
+    byte 0x0A, are decoded whole and named by file and byte offset."""
+    if codecs.lookup(encoding).name.startswith(("utf-16", "utf-32")):
+        data = Path(path).read_bytes()
+        try:
+            text = data.decode(encoding)
+        except UnicodeDecodeError as e:
+            raise TextFileError(f"{path}: the bytes at offset {e.start} are not {encoding} "
+                                "text") from None
+        yield from enumerate(text.splitlines(keepends=True), start=1)
+        return
+    refuse_binary(path)
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode(encoding)
+            except UnicodeDecodeError as e:
+                raise TextFileError(f"{path}:{number}: byte 0x{raw[e.start]:02x} at column "
+                                    f"{e.start + 1} is not {encoding} text") from None
+            if "\0" in line:
+                raise _binary(path, number)
+            yield number, line
+
+
+def refuse_binary(path: str | os.PathLike) -> None:
+    """Raise ``TextFileError`` if the first ``SNIFF_BYTES`` of ``path`` hold a NUL byte (how
+    git and grep tell binary files from text), unless a UTF-16 or UTF-32 byte-order mark says
+    it is text in one of those (whose characters hold NUL bytes; decoding it names them)."""
+    with open(path, "rb") as f:
+        head = f.read(SNIFF_BYTES)
+    if b"\0" in head and not head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE,
+                                               codecs.BOM_UTF32_BE)):
+        raise _binary(path, head[:head.index(b"\0")].count(b"\n") + 1)
+
+
+def _binary(path, line: int) -> TextFileError:
+    return TextFileError(f"{path}:{line}: binary content (a NUL byte), not text")

@@ -1,11 +1,15 @@
-"""A process that holds a run directory's writer lock, as a training process does."""
+"""Faults for tests to inject: a process holding a run directory's writer lock (as a training
+process does), and a small filesystem to fill."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 HOLD = ("import sys, time; from pathlib import Path; from minigpt.train.run_dir import RunDirLock; "
@@ -20,3 +24,18 @@ def hold_in_another_process(run_dir: Path) -> subprocess.Popen:
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     return holder
+
+
+@contextlib.contextmanager
+def small_tmpfs(mount: Path, size: str = "1m"):
+    """A tmpfs of ``size`` at ``mount`` (created), unmounted afterwards; the test is skipped
+    where it cannot be mounted (not root, or no mount rights in this container)."""
+    mount.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
+            capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root and mount rights)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)

@@ -4,12 +4,19 @@ import errno
 import os
 import shutil
 import stat
-import subprocess
 
 import pytest
+from fault_helpers import small_tmpfs
 
 from minigpt.errors import first_line
-from minigpt.files import DiskFullError, atomic_write
+from minigpt.files import (
+    SNIFF_BYTES,
+    DiskFullError,
+    TextFileError,
+    atomic_write,
+    refuse_binary,
+    text_lines,
+)
 
 
 def test_atomic_write_replaces_the_target_whole(tmp_path):
@@ -100,17 +107,8 @@ def test_a_full_disk_found_by_fsync_leaves_no_temporary(tmp_path, monkeypatch):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 1 MiB tmpfs (root only, where the machine allows mounting), unmounted afterwards."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if os.geteuid() != 0 or subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-            capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here (needs root and mount rights)")
-    try:
+    with small_tmpfs(tmp_path / "small") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 @pytest.mark.parametrize("writer", ["text", "torch", "safetensors"])
@@ -129,3 +127,23 @@ def test_a_real_full_disk_keeps_the_old_file(small_disk, writer):
     assert target.read_bytes() == b"previous"
     assert [p.name for p in small_disk.iterdir()] == ["model.bin"]
     assert shutil.disk_usage(small_disk).free > 900_000  # the partial file's room given back
+
+
+def test_text_lines_name_the_line_of_binary_or_undecodable_content(tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"one\r\ntwo\n")
+    assert list(text_lines(path)) == [(1, "one\r\n"), (2, "two\n")]
+    path.write_bytes(b"one\ntwo\nthree \xff\n")
+    with pytest.raises(TextFileError, match=r"a.txt:3: byte 0xff at column 7 is not utf-8 text"):
+        list(text_lines(path))
+    path.write_bytes(b"one\n\x89PNG\x00\x00\x00\rIHDR")
+    with pytest.raises(TextFileError, match=r"a.txt:2: binary content \(a NUL byte\), not text"):
+        list(text_lines(path))
+    path.write_bytes(b"x" * SNIFF_BYTES + b"\nlate \x00 byte\n")  # past the sniffed head
+    with pytest.raises(TextFileError, match=r"a.txt:2: binary content"):
+        list(text_lines(path))
+    path.write_bytes("utf-16 text\nline two\n".encode("utf-16"))  # a BOM, and NUL bytes
+    refuse_binary(path)
+    assert [line for _, line in text_lines(path, "utf-16")] == ["utf-16 text\n", "line two\n"]
+    with pytest.raises(TextFileError, match=r"a.txt:1: byte 0xff at column 1 is not utf-8"):
+        list(text_lines(path))

@@ -7,7 +7,7 @@ import os
 import signal
 
 import pytest
-from lock_holder import hold_in_another_process
+from fault_helpers import hold_in_another_process
 
 from minigpt.errors import ConfigError
 from minigpt.train.run_dir import LOCK_FILE, RunDirLock, remove_unstarted
