@@ -14,6 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from minigpt.config import GenerateSchema, config_errors, register_schemas, settings_problems, typed
+from minigpt.files import TextFileError, text_lines
 
 SEPARATOR = "\n---------------\n"
 
@@ -136,10 +137,16 @@ def _read_prompts(cfg: DictConfig) -> list[str]:
 
 
 def _read_file(path) -> str:
+    """A prompt file's UTF-8 text (newlines as \\n); binary or undecodable content is named by
+    file and line."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {path} not found")
-    return path.read_text(encoding="utf-8")
+    try:
+        text = "".join(line for _, line in text_lines(path))
+    except TextFileError as e:
+        raise TextFileError(f"prompt file {e}; a prompt file holds UTF-8 text") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # as reading in text mode does
 
 
 class _StreamPrinter:

@@ -1,25 +1,133 @@
-"""Writing files so that a crash or kill never leaves half a file under the final name."""
+"""Files: writing them so that a crash, a kill or a full disk never leaves half a file under the
+final name, and reading text a user hands us so that bad content is named by file and line."""
 
 from __future__ import annotations
 
+import codecs
+import errno
 import os
-import tempfile
-from collections.abc import Callable
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from minigpt.errors import UserError
+
+# Below this many free bytes after a failed write, the disk being full is the reason: torch and
+# safetensors report a full disk as their own errors, without errno.
+NEARLY_FULL = 1 << 20
+
+
+class DiskFullError(UserError, OSError):
+    """A write that did not fit on its filesystem; the message names the file, the bytes it
+    needed as far as known, and the fix. The previous file, if any, is unchanged."""
 
 
 def atomic_write(target: str | os.PathLike, write: Callable[[Path], object]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``target``, flush it to disk, then rename
-    it over ``target`` (atomic within one filesystem). On any failure, Ctrl-C included, the
-    temporary file is removed and ``target`` is left as it was."""
+    """Call ``write(tmp)`` on a new temporary file beside ``target`` (created with the user's
+    umask, like any file they write), flush it to disk, then rename it over ``target`` (atomic
+    within one filesystem). On any failure, Ctrl-C included, the temporary file is removed and
+    ``target`` is left as it was; a full disk raises ``DiskFullError``."""
     target = Path(target)
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp = Path(name)
+    tmp = _new_file_beside(target)
     try:
-        write(tmp)
-        with open(tmp, "rb+") as f:  # data on disk before the rename makes it visible
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        try:
+            write(tmp)
+            with open(tmp, "rb+") as f:  # data on disk before the rename makes it visible
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except Exception as e:
+            if _out_of_space(e, tmp):
+                raise _disk_full(target, tmp) from None
+            raise
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _new_file_beside(target: Path) -> Path:
+    """A new, empty ``.<name>.<random>.tmp`` in ``target``'s directory. Opened with mode 0o666
+    so that the umask decides its permissions (``tempfile.mkstemp`` makes every file 0600)."""
+    for _ in range(100):
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {target}")
+
+
+def _out_of_space(error: BaseException | None, tmp: Path) -> bool:
+    """Whether ``error`` (or an error it was raised from) is a full disk or quota, or the
+    filesystem holding ``tmp`` is now all but full."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    try:
+        return shutil.disk_usage(tmp.parent).free < NEARLY_FULL
+    except OSError:
+        return False
+
+
+def _disk_full(target: Path, tmp: Path) -> DiskFullError:
+    written = tmp.stat().st_size if tmp.exists() else 0
+    tmp.unlink(missing_ok=True)  # first, so that the free space below counts its bytes
+    free = shutil.disk_usage(target.parent).free
+    kept = f"; the previous {target.name} is unchanged" if target.exists() else ""
+    error = DiskFullError(
+        f"{target}: no space left on the device ({written:,} bytes written before it filled, so "
+        f"it needs more than that; {free:,} bytes are free in {target.parent}): free disk space "
+        f"there or write to another directory{kept}")
+    error.errno = errno.ENOSPC  # for callers that check it (a filename would change str())
+    return error
+
+
+class TextFileError(UserError, ValueError):
+    """A file that should hold text does not: the message starts ``<file>:<line>:``."""
+
+
+# Binary files (images, archives, compiled data) almost always hold a NUL byte early; text never.
+SNIFF_BYTES = 8192
+
+
+def text_lines(path: str | os.PathLike, encoding: str = "utf-8") -> Iterator[tuple[int, str]]:
+    """The lines of a text file (line endings kept) with their numbers from 1, decoded one by
+    one, so that a NUL byte (binary content) or bytes that are not ``encoding`` raise
+    ``TextFileError`` naming the file and the line. UTF-16 and UTF-32, whose newline is not the
+    byte 0x0A, are decoded whole and named by file and byte offset."""
+    if codecs.lookup(encoding).name.startswith(("utf-16", "utf-32")):
+        data = Path(path).read_bytes()
+        try:
+            text = data.decode(encoding)
+        except UnicodeDecodeError as e:
+            raise TextFileError(f"{path}: the bytes at offset {e.start} are not {encoding} "
+                                "text") from None
+        yield from enumerate(text.splitlines(keepends=True), start=1)
+        return
+    refuse_binary(path)
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode(encoding)
+            except UnicodeDecodeError as e:
+                raise TextFileError(f"{path}:{number}: byte 0x{raw[e.start]:02x} at column "
+                                    f"{e.start + 1} is not {encoding} text") from None
+            if "\0" in line:
+                raise _binary(path, number)
+            yield number, line
+
+
+def refuse_binary(path: str | os.PathLike) -> None:
+    """Raise ``TextFileError`` if the first ``SNIFF_BYTES`` of ``path`` hold a NUL byte (how
+    git and grep tell binary files from text), unless a UTF-16 or UTF-32 byte-order mark says
+    it is text in one of those (whose characters hold NUL bytes; decoding it names them)."""
+    with open(path, "rb") as f:
+        head = f.read(SNIFF_BYTES)
+    if b"\0" in head and not head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE,
+                                               codecs.BOM_UTF32_BE)):
+        raise _binary(path, head[:head.index(b"\0")].count(b"\n") + 1)
+
+
+def _binary(path, line: int) -> TextFileError:
+    return TextFileError(f"{path}:{line}: binary content (a NUL byte), not text")

@@ -3,6 +3,7 @@ value, nothing written that looks complete, and no time lost on heavy work first
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -66,6 +67,19 @@ def read_only_dir(tmp: Path) -> Path | None:
     return None
 
 
+def bad_files(tmp: Path) -> dict[str, Path]:
+    """Files a user might hand us that do not hold what they should: an image named .txt, text
+    in latin-1 where UTF-8 is expected, and one JSON line nested 100,000 levels deep (Python's
+    reader recurses per level, pyarrow's crashed the process)."""
+    (tmp / "mixed").mkdir()
+    files = {"png": tmp / "mixed" / "picture.txt", "latin1": tmp / "mixed" / "old.txt",
+             "deep": tmp / "deep.jsonl"}
+    files["png"].write_bytes(b"a caption\n\x89PNG\x00\x00\x00\rIHDR\x00\x00")
+    files["latin1"].write_bytes("first prompt\ncafé\n".encode("latin-1"))
+    files["deep"].write_text('{"ctx": "a", "text": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    return files
+
+
 def cases(tmp: Path, checkpoint: Path) -> list[tuple[str, str, list[str], str]]:
     """(case, program, arguments, text the one line must contain); ``checkpoint`` is the
     fixture's 3-step run."""
@@ -84,6 +98,7 @@ def cases(tmp: Path, checkpoint: Path) -> list[tuple[str, str, list[str], str]]:
     for name in ("bad1.txt", "bad2.txt"):
         (tmp / "corpus" / name).write_bytes(b"\xff\xfe\x00 not utf-8 \xc3\x28" * 20)
     data = f"data_root={tmp / 'data'}"
+    files = bad_files(tmp)
     (tmp / "taken" / "checkpoints").mkdir(parents=True)  # another run's directory
     (tmp / "taken" / "checkpoints" / "best.ckpt").write_bytes(b"theirs")
     return [
@@ -157,6 +172,22 @@ def cases(tmp: Path, checkpoint: Path) -> list[tuple[str, str, list[str], str]]:
          f"data_root={tmp / 'a-file'} is a file"),
         *([("data_root read-only", "prepare", [f"data_root={read_only}"],
             f"data_root={read_only} is read-only")] if read_only else []),
+        # content that is not what the file should hold: named by file and line
+        ("binary prompt file", "generate.py", [f"prompt=@{files['png']}", f"pretrained={hf['good']}"],
+         f"prompt file {files['png']}:2: binary content (a NUL byte), not text"),
+        ("undecodable prompts file", "generate.py",
+         [f"prompts=@{files['latin1']}", f"pretrained={hf['good']}"],
+         f"prompt file {files['latin1']}:2: byte 0xe9 at column 4 is not utf-8 text"),
+        ("binary eval file", "eval", [f"path={files['png']}", f"pretrained={hf['good']}"],
+         f"{files['png']}:2: binary content (a NUL byte), not text"),
+        ("deeply nested eval line", "eval", [f"path={files['deep']}", f"pretrained={hf['good']}"],
+         f"{files['deep']}:1: JSON nested too deeply to read"),
+        ("binary file in a corpus", "prepare",
+         ["data=local_files", f"data.paths=[{files['png'].parent}/*.txt]", data],
+         f"{files['png']}:2: binary content (a NUL byte), not text"),
+        ("deeply nested corpus record", "prepare",
+         ["data=local_files", f"data.paths=[{files['deep']}]", data],
+         f"{files['deep']}:1: JSON nested more than 1000 levels deep"),
         # settings this machine cannot run
         ("device it lacks", "generate.py", ["device=cuda:99", f"pretrained={hf['good']}"],
          "device='cuda:99' is not on this machine"),
@@ -234,3 +265,60 @@ def test_a_rebuild_says_why_on_the_console(tmp_path, capfd):
         meta["vocab_size"]
     err = capfd.readouterr().err
     assert f"preparing {meta_path.parent} again: {meta_path}: vocab_size=3" in err
+
+
+def test_a_second_writer_of_a_run_directory_is_refused_and_changes_nothing(tmp_path,
+                                                                          checkpoint_v1):
+    """Resuming a run in place while another process trains it: one line naming that process,
+    and nothing of the holder's touched (its lock, its checkpoints)."""
+    from fault_helpers import hold_in_another_process
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(checkpoint_v1.read_bytes())
+    holder = hold_in_another_process(run_dir)
+    try:
+        result, _ = cli(tmp_path, "train.py", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
+                        f"hydra.run.dir={run_dir}", *FIXTURE_MODEL, f"data_root={tmp_path}/data",
+                        *QUIET)
+        lock_text = (run_dir / ".writer.lock").read_text()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: {run_dir} is in use by another training process (pid {holder.pid} on "), lines
+    assert lock_text.split()[0] == str(holder.pid)  # the holder's lock is untouched
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt"]
+    assert not (run_dir / "config.yaml").exists() and not (run_dir / "csv").exists()
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_previous_result(tmp_path):
+    """``python -m minigpt.eval out=`` onto a full filesystem: exit 2, one line naming the file
+    and the fix; the previous result file intact and no partial file beside it."""
+    from fault_helpers import small_tmpfs
+
+    from minigpt.model import GPT, GPTConfig
+
+    model = tmp_path / "gpt2-vocab"  # HellaSwag scores with the GPT-2 tokenizer
+    GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, context_length=16)).save_pretrained(model)
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": 0}\n')
+    with small_tmpfs(tmp_path / "small", size="64k") as disk:
+        result = disk / "result.json"
+        result.write_text('{"previous": true}\n')
+        with open(disk / "filler", "wb", buffering=0) as f:  # fill it to the last block
+            with contextlib.suppress(OSError):
+                while f.write(b"\0" * 4096):
+                    pass
+        done, _ = cli(tmp_path, "eval", f"pretrained={model}", f"path={items}",
+                      f"out={result}")
+        left = sorted(p.name for p in disk.iterdir())
+        previous = result.read_text()
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error")]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert lines[0].startswith(f"error: {result}: no space left on the device"), lines
+    assert "free disk space there or write to another directory" in lines[0]
+    assert previous == '{"previous": true}\n' and left == ["filler", "result.json"]

@@ -122,13 +122,13 @@ def test_overrides_users_reach_for():
 @pytest.mark.parametrize("logger", ["csv", "none"])
 def test_loggers_build(logger, tmp_path):
     loggers = build_loggers(typed(compose_train(f"logger={logger}"), TrainSchema).logger, tmp_path)
-    assert [type(lg).__name__ for lg in loggers] == (["CSVLogger"] if logger == "csv" else [])
+    assert [type(lg).__name__ for lg in loggers] == (["ContinuedCSV"] if logger == "csv" else [])
 
 
 def test_wandb_logger_builds_without_network(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     loggers = build_loggers(typed(compose_train("logger=wandb"), TrainSchema).logger, tmp_path)
-    assert [type(lg).__name__ for lg in loggers] == ["CSVLogger", "WandbRun"]
+    assert [type(lg).__name__ for lg in loggers] == ["ContinuedCSV", "WandbRun"]
     wandb_run = loggers[1]
     assert not list(tmp_path.iterdir())  # nothing written until the run starts
     try:

@@ -390,8 +390,9 @@ def test_data_root_that_is_a_file_or_read_only_is_one_line(tmp_path):
 def test_text_in_another_encoding_names_the_option_and_the_conversion(tmp_path):
     (tmp_path / "a.txt").write_bytes("café naïve façade. ".encode("latin-1") * 20)
     cfg = files_cfg(tmp_path, [tmp_path / "a.txt"])
-    with pytest.raises(DataError, match=r"a.txt as text: UnicodeDecodeError.*set data.encoding "
-                                        r"to theirs \(perhaps latin-1 or cp1252\).*iconv") as e:
+    with pytest.raises(DataError, match=r"a.txt as text: .*a.txt:1: byte 0xe9 at column 4 is not "
+                                        r"utf-8 text.*set data.encoding to theirs \(perhaps "
+                                        r"latin-1 or cp1252\).*iconv") as e:
         prepare_dataset(cfg, tmp_path / "data", progress=False)
     one_line(e)
     meta = prepare_dataset({**cfg, "encoding": "latin-1"}, tmp_path / "data", progress=False)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from minigpt.errors import UserError, first_line
 from minigpt.eval.scoring import Score, score_pairs
-from minigpt.files import atomic_write
+from minigpt.files import TextFileError, atomic_write, text_lines
 
 VALIDATION_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VALIDATION_FILE = "hellaswag_val.jsonl"
@@ -67,12 +67,17 @@ def read_items(path, limit: int | None = None) -> list[Item]:
         raise FileNotFoundError(f"HellaSwag file {path} not found; give path=FILE.jsonl in "
                                 "HellaSwag's format, or path=null to download the validation set")
     items = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    lines = text_lines(path)
+    try:
+        for number, line in lines:
             if limit is not None and len(items) >= limit:
                 break
             if line.strip():
                 items.append(_parse_item(line, f"{path}:{number}"))
+    except TextFileError as e:  # binary content or not UTF-8, at the line it names
+        raise HellaSwagError(f"{e}; {FORMAT}") from None
+    finally:
+        lines.close()
     if not items:
         raise HellaSwagError(f"{path} holds no items; {FORMAT}")
     return items
@@ -83,6 +88,8 @@ def _parse_item(line: str, where: str) -> Item:
         record = json.loads(line)
     except json.JSONDecodeError as e:
         raise HellaSwagError(f"{where}: not JSON ({e.msg}); {FORMAT}") from None
+    except RecursionError:  # Python's JSON reader recurses once per level of nesting
+        raise HellaSwagError(f"{where}: JSON nested too deeply to read; {FORMAT}") from None
     if not isinstance(record, dict):
         raise HellaSwagError(f"{where}: a JSON {type(record).__name__}, not an object; {FORMAT}")
     if isinstance(record.get("ctx"), str):

@@ -1,9 +1,11 @@
 """The run's loggers, as Lightning Fabric loggers: CSV (``csv/metrics.csv``) for ``logger=csv``
 and ``logger=wandb``, plus wandb (offline unless logged in) for the latter; none for
-``logger=none``."""
+``logger=none``. A run resumed in its own directory continues both: the CSV log keeps the rows
+up to the checkpoint's step, and wandb continues the same run id."""
 
 from __future__ import annotations
 
+import csv
 import netrc
 import os
 from pathlib import Path
@@ -26,15 +28,57 @@ def _wandb_logged_in() -> bool:
         return False
 
 
-def build_loggers(logger_cfg: LoggerSchema, run_dir: Path) -> list[Logger]:
-    """The loggers for ``logger.type``. Nothing is written until the first thing is logged, so a
-    run that fails its checks leaves no log directory behind."""
+def build_loggers(logger_cfg: LoggerSchema, run_dir: Path,
+                  resume_step: int | None = None) -> list[Logger]:
+    """The loggers for ``logger.type``; ``resume_step``: the step of the checkpoint the run
+    resumes from, if any. Nothing is written until ``start`` or the first thing logged, so a run
+    that fails its checks leaves no log directory behind."""
     kind = logger_cfg.type  # one of the three: minigpt.config.rules checks it
     if kind == "none":
         return []
-    # Written through at every logging step, so a user watching metrics.csv sees it grow.
-    csv = CSVLogger(root_dir=run_dir, name="csv", version="", flush_logs_every_n_steps=1)
-    return [csv] if kind == "csv" else [csv, WandbRun(logger_cfg, run_dir)]
+    table = ContinuedCSV(run_dir, resume_step)
+    return [table] if kind == "csv" else [table, WandbRun(logger_cfg, run_dir, resume_step)]
+
+
+class ContinuedCSV(CSVLogger):
+    """Fabric's CSV logger on ``<run_dir>/csv/metrics.csv``, written through at every logging
+    step (a user watching the file sees it grow). Resumed in the same run directory, ``start``
+    keeps the earlier rows up to the checkpoint's step and drops those past it (the interrupted
+    process wrote them, and this one logs those steps again), so the file reads as one
+    uninterrupted run; Fabric's logger alone would delete the file."""
+
+    def __init__(self, run_dir: Path, resume_step: int | None = None):
+        super().__init__(root_dir=run_dir, name="csv", version="", flush_logs_every_n_steps=1)
+        self.resume_step = resume_step
+        # The earlier log while its rows are being written back: if this process dies before
+        # that is done, the next resume reads it from here again.
+        self.moved = Path(run_dir) / ".metrics.csv.resuming"
+
+    @rank_zero_only
+    def start(self, config: dict) -> str | None:
+        """Write back the earlier rows (before anything else is logged); a line saying what
+        was dropped, if anything."""
+        metrics = Path(self.log_dir) / "metrics.csv"
+        if self.resume_step is None or not (self.moved.is_file() or metrics.is_file()):
+            return None
+        if not self.moved.is_file():
+            os.replace(metrics, self.moved)  # Fabric's writer deletes a metrics.csv it finds
+        else:  # an earlier resume died writing the rows back: that metrics.csv is a part of them
+            metrics.unlink(missing_ok=True)
+        with open(self.moved, newline="") as f:
+            rows = list(csv.DictReader(f))
+        kept = [row for row in rows if _step(row) <= self.resume_step]
+        for row in kept:
+            self.log_metrics({k: v for k, v in row.items() if k != "step" and v != ""},
+                             _step(row))
+        self.moved.unlink()
+        dropped = len(rows) - len(kept)
+        return (f"{metrics}: dropped {dropped} row(s) past step {self.resume_step} that the "
+                "interrupted run wrote") if dropped else None
+
+
+def _step(row: dict) -> int:
+    return int(row.get("step") or 0)
 
 
 class WandbRun(Logger):
@@ -45,9 +89,10 @@ class WandbRun(Logger):
     deprecated argument that wandb warns about on every run, and raises in the middle of training
     when wandb fails to start; this one calls only wandb's public ``init``/``log``."""
 
-    def __init__(self, logger_cfg: LoggerSchema, run_dir: Path):
-        self.cfg, self.run_dir = logger_cfg, Path(run_dir)
+    def __init__(self, logger_cfg: LoggerSchema, run_dir: Path, resume_step: int | None = None):
+        self.cfg, self.run_dir, self.resume_step = logger_cfg, Path(run_dir), resume_step
         self.run: Any = None
+        self.id_file = self.run_dir / "wandb" / "run_id"  # resuming here continues that run
 
     @property
     def name(self) -> str:
@@ -59,9 +104,12 @@ class WandbRun(Logger):
 
     @rank_zero_only
     def start(self, config: dict) -> str | None:
-        """Start the run (one line saying where), or warn and stay inert."""
+        """Start the run, or when resuming in its directory continue the run it logged to
+        (one line saying where); or warn and stay inert."""
         mode = os.environ.get("WANDB_MODE") or self.cfg.mode or (
             "online" if _wandb_logged_in() else "offline")
+        earlier = self.id_file.read_text().strip() \
+            if self.resume_step is not None and self.id_file.is_file() else None
         try:
             import wandb
 
@@ -69,7 +117,10 @@ class WandbRun(Logger):
                 project=self.cfg.project, entity=self.cfg.entity, name=self.cfg.name,
                 tags=list(self.cfg.tags), dir=str(self.run_dir), mode=mode,
                 config=config, settings=wandb.Settings(init_timeout=60, console="off"),
+                id=earlier, resume="allow" if earlier else None,
             )
+            self.id_file.parent.mkdir(parents=True, exist_ok=True)
+            self.id_file.write_text(f"{self.run.id}\n")
             self.run.summary["run_dir"] = str(self.run_dir)
             self.run.summary["checkpoint_dir"] = str(self.run_dir / "checkpoints")
         except Exception as e:  # missing package, bad key, no network, ...
@@ -77,7 +128,8 @@ class WandbRun(Logger):
                            f"{self.run_dir / 'csv'} only")
             self.run = None
             return None
-        return f"wandb: {mode} run {self.run.id} in {self.run_dir / 'wandb'}" + (
+        return f"wandb: {mode} run {self.run.id}{' continued' if earlier else ''} in " \
+            f"{self.run_dir / 'wandb'}" + (
             "; sync later with `wandb sync`" if mode == "offline" else "")
 
     @rank_zero_only

@@ -53,7 +53,7 @@ from minigpt.train.preflight import (
     out_of_memory_as_resource_error,
     vocab_before_data,
 )
-from minigpt.train.run_dir import check_run_dir_free, remove_unstarted
+from minigpt.train.run_dir import RunDirLock, check_run_dir_free, remove_unstarted
 from minigpt.train.sample import Sampler, gathered_parameters
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ def run(cfg: TrainSchema | DictConfig, run_dir: str | Path | None = None,
     train = typed(cfg, TrainSchema)
     run_dir = _run_dir(run_dir).resolve()
     check_run_dir_free(run_dir, train.ckpt_path)  # before anything of ours is written there
+    writer = RunDirLock(run_dir).acquire()  # one process writes into a run directory
     started = []
     try:
         return _run(train, run_dir, list(callbacks) + [_FirstStep(started)])
@@ -77,6 +78,8 @@ def run(cfg: TrainSchema | DictConfig, run_dir: str | Path | None = None,
         if not started and rank_zero_only.rank == 0:
             remove_unstarted(run_dir)
         raise
+    finally:
+        writer.release()
 
 
 class _FirstStep:
@@ -95,7 +98,8 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     ckpt_path = resolve_ckpt_path(train.ckpt_path, Path("outputs"))
     resume = read_resume_point(ckpt_path, train.trainer.max_steps) if ckpt_path else None
     plan = resolve_plan(train)
-    fabric = build_fabric(train.trainer, plan, build_loggers(train.logger, run_dir), callbacks)
+    loggers = build_loggers(train.logger, run_dir, resume.step if resume else None)
+    fabric = build_fabric(train.trainer, plan, loggers, callbacks)
     plan = plan.with_world(fabric.world_size)  # the batch plan, once
     preflight(train, plan, resume)  # before the data is prepared: bad sizes fail in seconds
     fabric.launch()

@@ -1,5 +1,6 @@
-"""One run per directory: a new run never writes where another run's checkpoints are, and a run
-that fails before it trains leaves nothing behind.
+"""One run per directory: a new run never writes where another run's checkpoints are, one
+process at a time writes into a run directory, and a run that fails before it trains leaves
+nothing behind.
 
 ``configs/train.yaml`` names the run directory ``${run_dir:outputs/<date>}``: the resolver claims
 ``<HH-MM-SS>`` under it with an atomic ``mkdir`` (``-2``, ``-3``, ... when runs start in the same
@@ -10,14 +11,19 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from datetime import datetime
 from pathlib import Path
 
-from minigpt.errors import ConfigError
+from lightning.fabric.utilities import rank_zero_only
 
+from minigpt.errors import ConfigError, first_line
+
+# The advisory lock a training process holds on its run directory; it holds "<pid> <host>".
+LOCK_FILE = ".writer.lock"
 # What a run (and Hydra, for it) writes into its directory before training: removed again when
 # the run fails before its first step. Nothing else is ever removed.
-STARTUP_FILES = (".hydra", "train.log", "config.yaml", "csv", "wandb", "samples.txt")
+STARTUP_FILES = (".hydra", "train.log", "config.yaml", "csv", "wandb", "samples.txt", LOCK_FILE)
 
 
 def run_id() -> str:
@@ -78,3 +84,75 @@ def remove_unstarted(run_dir: Path) -> None:
             directory.rmdir()
         except OSError:  # not empty: other runs or someone else's files
             return
+
+
+class RunDirLock:
+    """The one writer of a run directory: an advisory ``flock`` on ``<run_dir>/.writer.lock``,
+    taken by ``acquire`` before the run writes anything there and dropped by ``release`` (or by
+    the kernel when the process dies, so a crash leaves no stale lock).
+
+    Only the launch's global rank 0 takes it: the other ranks of the same launch write nothing
+    of their own there and start after it (Fabric spawns them) or with it (torchrun, SLURM), so
+    they must not refuse each other. A second launch's rank 0 is refused with one line naming
+    the holder."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_FILE
+        self.file = None
+
+    def acquire(self) -> RunDirLock:
+        """Take the lock or raise ``ConfigError`` naming the process that holds it."""
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no cross-process lock
+            return self
+        if rank_zero_only.rank != 0:
+            return self
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            while self.file is None:
+                f = open(self.path, "a+")
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    f.seek(0)
+                    holder = f.read().split()
+                    f.close()
+                    raise ConfigError(self._refusal(holder)) from None
+                if _same_file(f, self.path):  # not a lock file its holder just removed
+                    self.file = f
+                else:
+                    f.close()
+            self.file.truncate(0)
+            self.file.write(f"{os.getpid()} {socket.gethostname()}\n")
+            self.file.flush()
+        except OSError as e:
+            raise ConfigError(f"hydra.run.dir={self.path.parent} cannot be written "
+                              f"({first_line(e)}); point hydra.run.dir at a writable directory") \
+                from None
+        return self
+
+    def release(self) -> None:
+        """Drop the lock and remove its file (unless a failed start removed it already)."""
+        if self.file is None:
+            return
+        if _same_file(self.file, self.path):
+            self.path.unlink()  # while still held: a process waiting on it sees it go and retries
+        self.file.close()
+        self.file = None
+
+    def _refusal(self, holder: list[str]) -> str:
+        pid = f"pid {holder[0]}" + (f" on {holder[1]}" if len(holder) > 1 else "") \
+            if holder else "a process that is starting"
+        return (f"{self.path.parent} is in use by another training process ({pid}); only one "
+                "process writes into a run directory: wait for it to finish or stop it, or set "
+                "hydra.run.dir to another directory")
+
+
+def _same_file(f, path: Path) -> bool:
+    """Whether the open file ``f`` is still the file at ``path``."""
+    try:
+        here, there = os.fstat(f.fileno()), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)

@@ -95,6 +95,20 @@ def test_bad_lines_name_file_line_and_field(tmp_path, text, message):
         read_items(_line(tmp_path, text))
 
 
+@pytest.mark.parametrize("content, message", [
+    ('{"ctx": ' + "[" * 100_000 + "]" * 100_000 + "}", r"bad.jsonl:2: JSON nested too deeply"),
+    (b"\x1f\x8b\x08\x00\x00\x00", r"bad.jsonl:2: binary content \(a NUL byte\), not text"),
+    (b'{"ctx": "caf\xe9"}', r"bad.jsonl:2: byte 0xe9 at column 13 is not utf-8 text"),
+])
+def test_deep_binary_and_undecodable_lines_name_file_and_line(tmp_path, content, message):
+    path = _line(tmp_path, "")
+    path.write_bytes(path.read_bytes().rstrip(b"\n") + b"\n" + (
+        content if isinstance(content, bytes) else content.encode()) + b"\n")
+    with pytest.raises(HellaSwagError, match=message) as error:
+        read_items(path)
+    assert "\n" not in str(error.value) and "one JSON object per line" in str(error.value)
+
+
 def test_missing_and_empty_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.jsonl not found.*path="):
         read_items(tmp_path / "nope.jsonl")

@@ -123,7 +123,7 @@ def test_wandb_login_detection_and_fallback(tmp_path, monkeypatch, data_root):
     with pytest.warns(UserWarning, match="wandb could not start.*no wandb here"):
         assert loggers[1].start({}) is None
     loggers[1].log_metrics({"x": 1.0}, step=1)  # inert: the CSV log still has everything
-    assert [type(lg).__name__ for lg in loggers] == ["CSVLogger", "WandbRun"]
+    assert [type(lg).__name__ for lg in loggers] == ["ContinuedCSV", "WandbRun"]
 
 
 def test_cpu_speedups_and_keep_freed_memory_on_cpu_runs_only(data_root, monkeypatch):
