@@ -7,9 +7,9 @@ import csv
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 from test_run import data_root, tiny_cfg  # noqa: F401 (data_root: a fixture, used by name)
 
+from minigpt.config.schema import LoggerSchema
 from minigpt.train.loggers import ContinuedCSV, WandbRun
 from minigpt.train.run import run
 
@@ -101,7 +101,7 @@ def test_wandb_continues_the_run_it_logged_to_when_resumed_in_place(tmp_path, mo
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = OmegaConf.create({"project": "minigpt-test"})
+    cfg = LoggerSchema(type="wandb", project="minigpt-test")
     first = WandbRun(cfg, tmp_path)
     assert first.start({"a": 1}).startswith("wandb: offline run ")
     run_id = first.run.id
