@@ -1,9 +1,9 @@
 """Fused MultiHeadAttention vs the book's unfused one, and the attention variants against
 GPT-2's block: forward + backward time and peak memory.
 
-    python bench/attention.py                 # both shapes, all cores, prints a table
-    python bench/attention.py --threads 1 --repeats 20
-    python bench/attention.py --variants      # grouped-query, rope, window at T = 256 .. 2048
+    python -m bench.attention                 # both shapes, all cores, prints a table
+    python -m bench.attention --threads 1 --repeats 20
+    python -m bench.attention --variants      # grouped-query, rope, window at T = 256 .. 2048
 
 Timing: both variants are built in this process and timed interleaved (book, fused, book, ...)
 after warm-up, so machine noise hits both alike; the median of ``--repeats`` steps is reported.
@@ -24,18 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from peak_memory import in_subprocess, peak_extra_mib  # noqa: E402
-from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
-
-from minigpt.attention import MultiHeadAttention  # noqa: E402
-from minigpt.cpu import speed_up_training  # noqa: E402
+from bench.peak_memory import in_subprocess, peak_extra_mib
+from bench.timing import add_timing_arguments, clock, configure_timing, print_header
+from minigpt.attention import MultiHeadAttention
+from minigpt.cpu import speed_up_training
 
 SHAPES = {  # name -> (batch, tokens, d_model, heads)
     "8x256x384/6": (8, 256, 384, 6),
@@ -191,7 +187,7 @@ def measure_memory(variant: str, shape: str | int) -> float:
 
 
 def memory_in_subprocess(variant: str, shape: str | int, threads: int) -> float:
-    return in_subprocess(__file__, ["--measure-memory", variant, "--shape", str(shape),
+    return in_subprocess("bench.attention", ["--measure-memory", variant, "--shape", str(shape),
                                     "--threads", str(threads)])["peak_mib"]
 
 

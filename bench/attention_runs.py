@@ -1,7 +1,7 @@
 """The attention lab's table and picture: one row per run of ``experiment=attention_variants``.
 
     python train.py -m experiment=attention_variants          # one toy run per attention variant
-    python bench/attention_runs.py outputs/attention_variants/<time> --out attention_runs.png
+    python -m bench.attention_runs outputs/attention_variants/<time> --out attention_runs.png
 
 Give run directories (Hydra's: ``config.yaml``, ``summary.json``, ``checkpoints/last.ckpt`` and a
 CSV or wandb log) or a sweep directory holding them (in the order they finished). Per run:
@@ -26,18 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from attention_decoding import time_decoding  # noqa: E402
-from peak_memory import in_subprocess, peak_extra_mib  # noqa: E402
-
-from minigpt.checkpoint import load_checkpoint  # noqa: E402
-from minigpt.viz.run_plots import TOKENS_PER_SEC, VAL_LOSS, load_run  # noqa: E402
+from bench.attention_decoding import time_decoding
+from bench.peak_memory import in_subprocess, peak_extra_mib
+from minigpt.checkpoint import load_checkpoint
+from minigpt.viz.run_plots import TOKENS_PER_SEC, VAL_LOSS, load_run
 
 
 @dataclass
@@ -227,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     rows, models, runs = [], {}, []
     for run_dir, name in labelled_runs(parser, args.run_dirs, args.labels):
         row, models[name], batch_size, run = read_run(run_dir, name)
-        row.train_peak_mib = in_subprocess(__file__, [
+        row.train_peak_mib = in_subprocess("bench.attention_runs", [
             "--measure-memory", str(run_dir / "checkpoints" / "last.ckpt"),
             "--batch-size", str(batch_size), "--threads", str(args.threads)])["peak_mib"]
         rows.append(row)

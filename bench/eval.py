@@ -1,9 +1,9 @@
 """HellaSwag scoring speed: items/s of ``minigpt.eval`` against lm-eval's ``HFLM`` scoring the
 same items (each ending after its context, ``loglikelihood``) on the same weights.
 
-    python bench/eval.py --threads 1 --clock cpu   # GPT-2 small, 32 synthetic items; CPU time
-    python bench/eval.py --items 200 --path hellaswag_val.jsonl   # real items, if you have them
-    python bench/eval.py --device cuda --items 10042 --path hellaswag_val.jsonl --ours-only
+    python -m bench.eval --threads 1 --clock cpu   # GPT-2 small, 32 synthetic items; CPU time
+    python -m bench.eval --items 200 --path hellaswag_val.jsonl   # real items, if you have them
+    python -m bench.eval --device cuda --items 10042 --path hellaswag_val.jsonl --ours-only
 
 Random GPT-2-small-sized weights (vocab 50257, float32; ours saved with ``GPT.save_pretrained``,
 loaded by ``transformers.GPT2LMHeadModel`` for HFLM). Without ``--path`` the items are synthetic,
@@ -18,18 +18,15 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from timing import add_timing_arguments, clock, configure_timing  # noqa: E402
-
-from minigpt.eval.hellaswag import Item, item_scores, read_items  # noqa: E402
-from minigpt.model import GPT, GPTConfig  # noqa: E402
-from minigpt.tokenizer import get_tokenizer  # noqa: E402
+from bench.timing import add_timing_arguments, clock, configure_timing
+from minigpt.eval.hellaswag import Item, item_scores, read_items
+from minigpt.model import GPT, GPTConfig
+from minigpt.tokenizer import get_tokenizer
 
 
 def synthetic_items(tokenizer, n: int, seed: int = 0) -> list[Item]:

@@ -1,8 +1,8 @@
 """The GPU path end to end, in one command that prints a table.
 
-    python bench/gpu.py                  # CUDA: GPT-2 small, T=1024, bf16, compile auto
-    python bench/gpu.py --batch 16 --new-tokens 256
-    python bench/gpu.py --self-test      # a tiny config on the CPU in seconds (the default
+    python -m bench.gpu                  # CUDA: GPT-2 small, T=1024, bf16, compile auto
+    python -m bench.gpu --batch 16 --new-tokens 256
+    python -m bench.gpu --self-test      # a tiny config on the CPU in seconds (the default
                                          # without CUDA; the test suite runs it so it never rots)
 
 1. Training step, side by side in this process: our ``GPT`` the way a run trains it (forward and
@@ -39,18 +39,17 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from lightning.fabric.utilities.throughput import get_available_flops
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout
-from lightning.fabric.utilities.throughput import get_available_flops  # noqa: E402
-from recipe_configs import recipe  # noqa: E402
+from bench.recipe_configs import recipe
+from generate import decoding_dtype, place_model
+from minigpt.model import GPT, GPTConfig
+from minigpt.sampling import generate
+from minigpt.static_decoding import StaticDecoder
+from minigpt.train.device import compile_enabled
+from minigpt.train.optim import build_optimizers
 
-from generate import decoding_dtype, place_model  # noqa: E402
-from minigpt.model import GPT, GPTConfig  # noqa: E402
-from minigpt.sampling import generate  # noqa: E402
-from minigpt.static_decoding import StaticDecoder  # noqa: E402
-from minigpt.train.device import compile_enabled  # noqa: E402
-from minigpt.train.optim import build_optimizers  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: configs/, train.py
 
 OPTIM = {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 10, "decay_steps": 1000,
          "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}

@@ -1,8 +1,8 @@
 """Where the GPU time goes: decode-step times by batch size, training steps by micro-batch, and a
 ``torch.profiler`` table of each (CUDA only).
 
-    python bench/gpu_probe.py                       # GPT-2 small shapes
-    python bench/gpu_probe.py --out prof/           # also write the profiler tables there
+    python -m bench.gpu_probe                       # GPT-2 small shapes
+    python -m bench.gpu_probe --out prof/           # also write the profiler tables there
 
 ``bench/gpu.py`` answers "how fast, against transformers"; this answers "why": a decode step that
 grows with the batch or the cache (a copy per step), a training step that is not mostly matmuls.
@@ -20,13 +20,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT))  # bench/gpu.py, run from a checkout
-import gpu  # noqa: E402
-
-from minigpt.model import GPT  # noqa: E402
-from minigpt.sampling import generate  # noqa: E402
-from minigpt.static_decoding import StaticDecoder  # noqa: E402
+from bench import gpu
+from minigpt.model import GPT
+from minigpt.sampling import generate
+from minigpt.static_decoding import StaticDecoder
 
 
 def median_ms(run, repeats: int = 5) -> float:
@@ -106,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="a folder for the profiler tables")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench/gpu_probe.py needs a CUDA GPU (bench/gpu.py --self-test runs on the CPU)")
+        print("bench.gpu_probe needs a CUDA GPU (python -m bench.gpu --self-test runs on the CPU)")
         return 2
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

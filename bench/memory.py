@@ -1,7 +1,7 @@
 """Measured peak memory of a training step against ``minigpt.train.preflight``'s estimate.
 
-    python bench/memory.py              # the toy and GPT-2 small cases below, CPU
-    python bench/memory.py --quick      # the small cases only (what tests/train/test_preflight.py runs)
+    python -m bench.memory              # the toy and GPT-2 small cases below, CPU
+    python -m bench.memory --quick      # the small cases only (what tests/train/test_preflight.py runs)
 
 Each case runs in its own process: build the model, apply the CPU speedups when the case uses the
 chunked loss (as a CPU run of train.py does), then two AdamW steps (the second has the optimizer
@@ -17,11 +17,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from minigpt.train.preflight import GiB, estimate_training_memory
 
-from minigpt.train.preflight import GiB, estimate_training_memory  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
 TOY = dict(n_layer=4, n_head=4, n_embd=256, context_length=256, vocab_size=128)
 GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, context_length=1024, vocab_size=50304)
 # name -> (model, micro-batch, precision, chunked loss); quick cases run in seconds.

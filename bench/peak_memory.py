@@ -33,11 +33,12 @@ def peak_extra_mib(work: Callable[[], object]) -> float:
     return (rss_kib("VmHWM") - baseline) / 1024
 
 
-def in_subprocess(script: str | Path, args: list[str]) -> dict:
-    """Run ``python script args`` with the fixed mmap threshold; its last stdout line is JSON."""
+def in_subprocess(module: str, args: list[str]) -> dict:
+    """Run ``python -m module args`` with the fixed mmap threshold; its last stdout line is
+    JSON. The child finds ``bench`` as this process did (same working directory and path)."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)}
-    out = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True,
                          text=True)
     if out.returncode != 0:
-        raise RuntimeError(f"{script} {' '.join(args)} failed:\n{out.stderr[-2000:]}")
+        raise RuntimeError(f"{module} {' '.join(args)} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,7 +1,7 @@
 """Preparation throughput: ``prepare_dataset`` (data=shakespeare, GPT-2 BPE) vs a plain loop.
 
-    TIKTOKEN_CACHE_DIR=../shared/tiktoken-cache python bench/prepare.py
-    python bench/prepare.py --repeats 7 --no-memory
+    TIKTOKEN_CACHE_DIR=../shared/tiktoken-cache python -m bench.prepare
+    python -m bench.prepare --repeats 7 --no-memory
 
 Variants, timed interleaved in this process after one warm-up round, median of ``--repeats``:
 - ``loop``: nanoGPT's prepare.py shape: ``enc.encode_ordinary`` per play in one thread, an eot
@@ -37,10 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from minigpt.data import prepare_dataset  # noqa: E402
-from minigpt.data.shakespeare import read_plays  # noqa: E402
-from minigpt.tokenizer import get_tokenizer  # noqa: E402
+from minigpt.data import prepare_dataset
+from minigpt.data.shakespeare import read_plays
+from minigpt.tokenizer import get_tokenizer
 
 CONFIG = {"name": "shakespeare", "source": "shakespeare", "tokenizer": "gpt2", "val_fraction": 0.1,
           "val_split": "tail"}
@@ -102,7 +101,7 @@ def _peak_rss_mib() -> float:
 def measure_memory(variant: str) -> float:
     """Peak RSS (MiB) of a fresh process during its second run of the variant (the first one
     imports and loads everything). With num_proc=2 the map workers' memory is not included."""
-    out = subprocess.run([sys.executable, __file__, "--measure-memory", variant], check=True,
+    out = subprocess.run([sys.executable, "-m", "bench.prepare", "--measure-memory", variant], check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_mib"]
 

@@ -1,7 +1,7 @@
 """The recipe lab's table and picture: one row per run of ``experiment=recipe_lab``.
 
     python train.py -m experiment=recipe_lab                  # one toy run per recipe rung
-    python bench/recipe_runs.py outputs/recipe_lab/<time> --out recipe_runs.png
+    python -m bench.recipe_runs outputs/recipe_lab/<time> --out recipe_runs.png
 
 Give run directories or a sweep directory holding them (see ``attention_runs.py``). Per run:
 parameters, final val/loss, the first validated step at or below the baseline's final val/loss
@@ -15,15 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from attention_runs import labelled_runs  # noqa: E402
-
-from minigpt.checkpoint import load_checkpoint  # noqa: E402
-from minigpt.viz.run_plots import TOKENS_PER_SEC, VAL_LOSS, load_run  # noqa: E402
+from bench.attention_runs import labelled_runs
+from minigpt.checkpoint import load_checkpoint
+from minigpt.viz.run_plots import TOKENS_PER_SEC, VAL_LOSS, load_run
 
 
 @dataclass

@@ -2,9 +2,9 @@
 steps it: the recipe's model with ``minigpt.cpu.speed_up_training`` applied, bf16 autocast (or
 ``--precision 32-true``), its optimizers (AdamW, or Muon and AdamW), clipping.
 
-    python bench/recipe_step.py                       # gpt2 and modern, all cores
-    python bench/recipe_step.py --recipes gpt2 muon blocks modern --threads 1 --clock cpu
-    python bench/recipe_step.py --no-cpu-speedups     # the plain models: what minigpt.cpu buys
+    python -m bench.recipe_step                       # gpt2 and modern, all cores
+    python -m bench.recipe_step --recipes gpt2 muon blocks modern --threads 1 --clock cpu
+    python -m bench.recipe_step --no-cpu-speedups     # the plain models: what minigpt.cpu buys
 
 The rungs are stepped interleaved after warm-up (the compiled blocks compile there), on the same
 batch; medians of ``--repeats`` steps and each rung's time against the first rung's. The lab's
@@ -16,18 +16,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from recipe_configs import recipe  # noqa: E402
-from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
-
-from minigpt.cpu import speed_up_training  # noqa: E402
-from minigpt.model import GPT, GPTConfig  # noqa: E402
-from minigpt.train.optim import build_optimizers  # noqa: E402
+from bench.recipe_configs import recipe
+from bench.timing import add_timing_arguments, clock, configure_timing, print_header
+from minigpt.cpu import speed_up_training
+from minigpt.model import GPT, GPTConfig
+from minigpt.train.optim import build_optimizers
 
 TOY = dict(n_layer=4, n_head=4, n_embd=256, context_length=256, vocab_size=128, dropout=0.0)
 

@@ -1,7 +1,7 @@
 """Training-step throughput: our GPT vs ``transformers.GPT2LMHeadModel`` (SDPA attention).
 
-    python bench/train_step.py                       # toy and GPT-2 small, all cores
-    python bench/train_step.py --sizes toy --repeats 10
+    python -m bench.train_step                       # toy and GPT-2 small, all cores
+    python -m bench.train_step --sizes toy --repeats 10
 
 One step = forward + cross-entropy loss + backward + ``AdamW(fused=True).step()`` (zero_grad with
 set_to_none), dropout 0, train mode, the same configuration and batch for every variant:
@@ -31,17 +31,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
-
-from minigpt.cpu import onednn, speed_up_training  # noqa: E402
-from minigpt.model import GPT, GPTConfig  # noqa: E402
+from bench.timing import add_timing_arguments, clock, configure_timing, print_header
+from minigpt.cpu import onednn, speed_up_training
+from minigpt.model import GPT, GPTConfig
 
 OURS_MKL = "ours fp32 MKL"  # our plain model: PyTorch's default float32 GEMM (no minigpt.cpu)
 VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64, for both models
