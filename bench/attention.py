@@ -26,12 +26,12 @@ import json
 import statistics
 
 import torch
-from torch import nn
 
 from bench.peak_memory import in_subprocess, peak_extra_mib
 from bench.timing import add_timing_arguments, clock, configure_timing, print_header
 from minigpt.attention import MultiHeadAttention
 from minigpt.cpu import speed_up_training
+from tests.oracles import BookMultiHeadAttention
 
 SHAPES = {  # name -> (batch, tokens, d_model, heads)
     "8x256x384/6": (8, 256, 384, 6),
@@ -46,38 +46,6 @@ VARIANTS = {  # --variants: name -> MultiHeadAttention keywords, at 768 dims and
     "window256": {"window": 256},
     "rope+window256": {"rope": True, "window": 256},
 }
-
-
-class BookMultiHeadAttention(nn.Module):
-    """The book's chapter-3 layout: three projections, a materialized T x T mask buffer, the
-    softmax over explicit scores."""
-
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__()
-        self.d_out, self.num_heads, self.head_dim = d_out, num_heads, d_out // num_heads
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out)
-        self.dropout = nn.Dropout(dropout)
-        self.register_buffer(
-            "mask", torch.triu(torch.ones(context_length, context_length), diagonal=1)
-        )
-
-    def forward(self, x):
-        b, num_tokens, _ = x.shape
-        keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
-        keys = keys.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
-        queries = queries.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
-        values = values.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
-        attn_scores = queries @ keys.transpose(2, 3)  # (b, nh, T, T)
-        mask_bool = self.mask.bool()[:num_tokens, :num_tokens]
-        attn_scores.masked_fill_(mask_bool, -torch.inf)
-        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
-        attn_weights = self.dropout(attn_weights)
-        context = (attn_weights @ values).transpose(1, 2)
-        context = context.contiguous().view(b, num_tokens, self.d_out)
-        return self.out_proj(context)
 
 
 def build(variant: str, shape: str, seed: int = 0):

@@ -48,6 +48,7 @@ from minigpt.sampling import generate
 from minigpt.static_decoding import StaticDecoder
 from minigpt.train.device import compile_enabled
 from minigpt.train.optim import build_optimizers
+from tests.oracles import logits_cross_entropy
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: configs/, train.py
 
@@ -149,7 +150,7 @@ def training_steps(plan: Plan, attention: dict) -> dict:
 
         def hf_loss(x, y):
             logits = hf(x).logits  # (B, T, V)
-            return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+            return logits_cross_entropy(logits, y)
 
         steps["transformers"] = _train_step(hf, hf_loss, plan)
         if "mask" in attention.get("transformers", ""):
@@ -158,7 +159,7 @@ def training_steps(plan: Plan, attention: dict) -> dict:
             def causal_loss(x, y):
                 with _sdpa_spy(force_causal=True):
                     logits = causal(x).logits  # (B, T, V)
-                return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+                return logits_cross_entropy(logits, y)
 
             steps["transformers, causal SDPA"] = _train_step(causal, causal_loss, plan)
     return steps

@@ -19,8 +19,8 @@ set_to_none), dropout 0, train mode, the same configuration and batch for every 
   in bfloat16 on PyTorch's own kernels).
 
 Our model computes its loss with ``GPT.loss`` (its training API); Hugging Face's logits go
-through ``F.cross_entropy`` directly (cheaper than its ``labels=`` path, which copies shifted
-logits), so HF gets its best case. All variants live in one process and are stepped interleaved
+through the tests' plain cross-entropy (``tests.oracles.logits_cross_entropy``: cheaper than its
+``labels=`` path, which copies shifted logits), so HF gets its best case. All variants live in one process and are stepped interleaved
 (ours, HF, ours bf16, ours, ...) after warm-up; medians of ``--repeats`` steps. Achieved FLOP/s
 counts ``GPT.flops_per_token`` (6 N + 12 L T C, N without position embeddings) per token; MFU is
 against the float32 (or bfloat16) matmul peak measured here with a large square matmul (the best
@@ -33,11 +33,11 @@ import argparse
 import statistics
 
 import torch
-import torch.nn.functional as F
 
 from bench.timing import add_timing_arguments, clock, configure_timing, print_header
 from minigpt.cpu import onednn, speed_up_training
 from minigpt.model import GPT, GPTConfig
+from tests.oracles import logits_cross_entropy
 
 OURS_MKL = "ours fp32 MKL"  # our plain model: PyTorch's default float32 GEMM (no minigpt.cpu)
 VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64, for both models
@@ -93,12 +93,12 @@ class Variant:
 def ours_loss(model: GPT, x, y):
     if hasattr(model, "loss"):
         return model.loss(x, y)
-    return F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+    return logits_cross_entropy(model(x), y)
 
 
 def hf_loss(model, x, y):
     logits = model(input_ids=x).logits
-    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+    return logits_cross_entropy(logits, y)
 
 
 def build(size: str, variants: list[str]) -> tuple[list[Variant], GPT]:
