@@ -5,10 +5,11 @@
     python -m bench.gpu --self-test      # a tiny config on the CPU in seconds (the default
                                          # without CUDA; the test suite runs it so it never rots)
 
-1. Training step, side by side in this process: our ``GPT`` the way a run trains it (forward and
-   loss compiled together when ``compile: auto`` says so, bf16 autocast, fused AdamW, gradient
-   clipping) and ``transformers.GPT2LMHeadModel`` (SDPA attention, bf16 autocast, forward +
-   cross-entropy compiled alike), same shapes and batch: tokens/s, MFU against the GPU's peak
+1. Training step, side by side in this process, each the training loop's own step
+   (``bench.loop_step``: Fabric bf16-mixed, fused AdamW, gradient clipping, the schedule): our
+   ``GPT`` the way a run trains it (forward and loss compiled together when ``compile: auto``
+   says so) and ``transformers.GPT2LMHeadModel`` (SDPA attention, forward + cross-entropy
+   compiled alike), same shapes and batch: tokens/s, MFU against the GPU's peak
    (Lightning's ``get_available_flops``), the step's peak memory above what stays resident.
    Beside them: our GPT-2 stepped by Muon (``optim=muon``: Muon for the blocks' matrices, AdamW
    for the rest) and ``recipe=modern``'s model and optimizers (read from ``configs/recipe``).
@@ -41,14 +42,13 @@ import torch
 import torch.nn.functional as F
 from lightning.fabric.utilities.throughput import get_available_flops
 
-from bench.recipe_configs import recipe
+from bench.loop_step import CausalLMWithLoss, loop_step
+from bench.recipe_configs import optim_settings, recipe
 from generate import decoding_dtype, place_model
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate
 from minigpt.static_decoding import StaticDecoder
 from minigpt.train.device import compile_enabled
-from minigpt.train.optim import build_optimizers
-from tests.oracles import logits_cross_entropy
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: configs/, train.py
 
@@ -94,21 +94,12 @@ def tiny_plan() -> Plan:
 
 # ---- 1. the training step, ours vs transformers ---------------------------------------------
 
-def _train_step(model: torch.nn.Module, loss_fn, plan: Plan, optim: dict = OPTIM):
-    """One optimizer step as the loop runs it under bf16-mixed: autocast, backward, clip, step
-    (each optimizer: AdamW, or Muon and AdamW)."""
-    optimizers = build_optimizers(model, optim, fused=True).values()
-    loss_fn = torch.compile(loss_fn) if plan.compiled else loss_fn
-
-    def step(x, y):
-        with torch.autocast(plan.device.type, dtype=torch.bfloat16):
-            loss = loss_fn(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        for optimizer in optimizers:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    return step
+def _train_step(model: torch.nn.Module, plan: Plan, optim: dict | None = None,
+                fullgraph: bool = True):
+    """The loop's own optimizer step (``bench.loop_step``) under bf16-mixed, the loss compiled
+    when ``plan.compiled``: ``optim`` (default: train.py's AdamW) over ``OPTIM``'s schedule."""
+    return loop_step(model, {**(optim or optim_settings()), **OPTIM}, precision="bf16-mixed",
+                     accelerator=plan.device.type, compile=plan.compiled, fullgraph=fullgraph)
 
 
 def _has_transformers() -> bool:
@@ -139,29 +130,19 @@ def training_steps(plan: Plan, attention: dict) -> dict:
     attends with an explicit (T, T) mask under compile (``attention``: what each side calls, see
     ``attention_calls``), it is also timed with causal SDPA, the kernel ours runs."""
     ours = GPT(plan.config).to(plan.device).train()
-    steps = {"ours": _train_step(ours, ours.loss, plan)}
+    steps = {"ours": _train_step(ours, plan)}
     muon = GPT(plan.config).to(plan.device).train()
-    steps["ours, Muon"] = _train_step(muon, muon.loss, plan, {**recipe("muon")[1], **OPTIM})
+    steps["ours, Muon"] = _train_step(muon, plan, recipe("muon")[1])
     options, optim = recipe("modern")
     modern = GPT(replace(plan.config, **options)).to(plan.device).train()
-    steps["ours, recipe=modern"] = _train_step(modern, modern.loss, plan, {**optim, **OPTIM})
+    steps["ours, recipe=modern"] = _train_step(modern, plan, optim)
     if _has_transformers():
-        hf = _transformers_model(plan.config).to(plan.device).train()
-
-        def hf_loss(x, y):
-            logits = hf(x).logits  # (B, T, V)
-            return logits_cross_entropy(logits, y)
-
-        steps["transformers"] = _train_step(hf, hf_loss, plan)
+        hf = CausalLMWithLoss(_transformers_model(plan.config).train())
+        steps["transformers"] = _train_step(hf, plan, fullgraph=False)
         if "mask" in attention.get("transformers", ""):
-            causal = _transformers_model(plan.config).to(plan.device).train()
-
-            def causal_loss(x, y):
-                with _sdpa_spy(force_causal=True):
-                    logits = causal(x).logits  # (B, T, V)
-                return logits_cross_entropy(logits, y)
-
-            steps["transformers, causal SDPA"] = _train_step(causal, causal_loss, plan)
+            causal = CausalLMWithLoss(_transformers_model(plan.config).train(),
+                                      attention=lambda: _sdpa_spy(force_causal=True))
+            steps["transformers, causal SDPA"] = _train_step(causal, plan, fullgraph=False)
     return steps
 
 

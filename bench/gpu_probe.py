@@ -76,7 +76,7 @@ def train_steps(plan: gpu.Plan, batches, out: Path | None) -> None:
     for batch in batches:
         torch._dynamo.reset()
         model = GPT(plan.config).to("cuda").train()
-        step = gpu._train_step(model, model.loss, plan)
+        step = gpu._train_step(model, plan)
         x, y = torch.randint(0, V, (2, batch, T), device="cuda")
         def run(step=step, x=x, y=y):
             step(x, y)

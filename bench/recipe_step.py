@@ -1,6 +1,7 @@
 """Time per training step of each recipe rung on the toy model, as a CPU run of train.py
-steps it: the recipe's model with ``minigpt.cpu.speed_up_training`` applied, bf16 autocast (or
-``--precision 32-true``), its optimizers (AdamW, or Muon and AdamW), clipping.
+steps it: the recipe's model with ``minigpt.cpu.speed_up_training`` applied, stepped by the
+training loop's own step (``bench.loop_step``: Fabric bf16-mixed, or ``--precision 32-true``,
+the recipe's optimizers, AdamW or Muon and AdamW, clipping, the schedule).
 
     python -m bench.recipe_step                       # gpt2 and modern, all cores
     python -m bench.recipe_step --recipes gpt2 muon blocks modern --threads 1 --clock cpu
@@ -19,33 +20,24 @@ import statistics
 
 import torch
 
+from bench.loop_step import loop_step
 from bench.recipe_configs import recipe
 from bench.timing import add_timing_arguments, clock, configure_timing, print_header
 from minigpt.cpu import speed_up_training
 from minigpt.model import GPT, GPTConfig
-from minigpt.train.optim import build_optimizers
 
 TOY = dict(n_layer=4, n_head=4, n_embd=256, context_length=256, vocab_size=128, dropout=0.0)
 
 
 def rung_step(name: str, precision: str, cpu_speedups: bool = True):
-    """One training step of ``recipe=name`` on the toy model; and what the CPU speedups did."""
+    """The loop's own training step (``bench.loop_step``) of ``recipe=name`` on the toy model;
+    and what the CPU speedups did."""
     options, optim = recipe(name)
     torch.manual_seed(0)
     model = GPT(GPTConfig(**TOY, **options)).train()
     applied = speed_up_training(model, precision=precision, keep_freed_memory=False) \
         if cpu_speedups else []
-    optimizers = build_optimizers(model, optim, fused=True).values()
-    bf16 = precision == "bf16-mixed"
-
-    def step(x, y):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = model.loss(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        for optimizer in optimizers:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+    step = loop_step(model, optim, precision=precision)
     return step, applied
 
 
