@@ -79,8 +79,7 @@ def long_generation_memory(variant: str, new_tokens: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_timing_arguments(parser)
-    parser.add_argument("--repeats", type=int, default=5)
+    add_timing_arguments(parser, repeats=5)
     parser.add_argument("--layers", type=int, default=12, help="layers of the decoding model")
     parser.add_argument("--vocab-size", type=int, default=50257)
     parser.add_argument("--cached", type=int, default=1024)
@@ -122,8 +121,8 @@ def print_long_generation_table(args) -> None:
                  f"{'KV cache bytes':>15}")
     for variant in LONG_VARIANTS:
         for multiple in args.long:
-            result = in_subprocess("bench.attention_decoding", ["--generate", variant, str(multiple * ctx),
-                                              "--threads", str(args.threads)])
+            result = in_subprocess("bench.attention_decoding", [
+                "--generate", variant, str(multiple * ctx), "--threads", str(args.threads)])
             print(f"{variant:<14} {multiple * ctx:>10} {multiple:>9} {result['peak_mib']:>9.2f} "
                   f"{result['cache_bytes']:>15,}", flush=True)
 

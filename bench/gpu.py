@@ -30,12 +30,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -44,6 +43,7 @@ from lightning.fabric.utilities.throughput import get_available_flops
 
 from bench.loop_step import CausalLMWithLoss, loop_step
 from bench.recipe_configs import optim_settings, recipe
+from bench.timing import medians, time_interleaved
 from generate import decoding_dtype, place_model
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate
@@ -193,23 +193,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_interleaved(runs: dict, plan: Plan, *args, forbid_syncs: tuple = ()) -> dict[str, float]:
+def median_seconds(runs: dict, plan: Plan, *args, forbid_syncs: tuple = ()) -> dict[str, float]:
     """Median seconds per call of each run, called in turn after ``plan.warmup`` calls each.
     ``forbid_syncs``: names of runs whose timed calls raise on CUDA if they read a value back
     to the host (``torch.cuda.set_sync_debug_mode("error")``)."""
-    for run in runs.values():
+    for run in runs.values():  # compilation happens here, where host syncs are allowed
         for _ in range(plan.warmup):
             run(*args)
-    times = {name: [] for name in runs}
-    for _ in range(plan.repeats):
-        for name, run in runs.items():
-            _sync(plan.device)
-            start = time.perf_counter()
-            with _no_syncs(plan.device, name in forbid_syncs):
-                run(*args)
-            _sync(plan.device)
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    timed = {name: partial(_call, run, args, plan.device, name in forbid_syncs)
+             for name, run in runs.items()}
+    return medians(time_interleaved(timed, 0, plan.repeats, sync=partial(_sync, plan.device)))
+
+
+def _call(run, args: tuple, device: torch.device, forbid_syncs: bool) -> None:
+    with _no_syncs(device, forbid_syncs):
+        run(*args)
 
 
 @contextlib.contextmanager
@@ -241,7 +239,7 @@ def training_table(plan: Plan, attention: dict) -> dict:
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randint(0, plan.config.vocab_size, (2, plan.batch, plan.config.context_length),
                          generator=gen).to(plan.device)
-    seconds = time_interleaved(steps, plan, x, y, forbid_syncs=("ours",))
+    seconds = median_seconds(steps, plan, x, y, forbid_syncs=("ours",))
     peak = get_available_flops(plan.device, torch.bfloat16)
     flops_per_token = _flops_per_token(plan.config)  # the same architecture for both
     rows = {}
@@ -312,7 +310,7 @@ def decoding_table(plan: Plan, batches=(1, 8)) -> dict:
                 p, attention_mask=torch.ones_like(p), max_new_tokens=plan.new_tokens,
                 min_new_tokens=plan.new_tokens, do_sample=False, use_cache=True, pad_token_id=0)
         with torch.inference_mode():
-            seconds = time_interleaved(runs, plan)
+            seconds = median_seconds(runs, plan)
         rows[batch] = {name: batch * plan.new_tokens / s for name, s in seconds.items()}
     return rows
 

@@ -13,28 +13,21 @@ empty cache, training steps as ``bench/gpu.py`` steps them; medians.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from bench import gpu
+from bench.timing import medians, time_interleaved
 from minigpt.model import GPT
 from minigpt.sampling import generate
 from minigpt.static_decoding import StaticDecoder
 
 
 def median_ms(run, repeats: int = 5) -> float:
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        run()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    times = time_interleaved({"run": run}, 0, repeats, sync=torch.cuda.synchronize)
+    return 1e3 * medians(times)["run"]
 
 
 def profile_table(run, rows: int = 25) -> str:

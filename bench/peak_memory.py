@@ -25,12 +25,22 @@ def rss_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
+def reset_high_water_mark() -> None:
+    """Restart the kernel's resident-set high-water mark (``VmHWM``) from the current level."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def high_water_mib() -> float:
+    """The resident set's highest level (MiB) since the process started or the last reset."""
+    return rss_kib("VmHWM") / 1024
+
+
 def peak_extra_mib(work: Callable[[], object]) -> float:
     """MiB the resident set rose above its level before ``work()`` at its highest."""
-    baseline = rss_kib("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")
+    baseline = rss_kib("VmRSS") / 1024
+    reset_high_water_mark()
     work()
-    return (rss_kib("VmHWM") - baseline) / 1024
+    return high_water_mib() - baseline
 
 
 def in_subprocess(module: str, args: list[str]) -> dict:

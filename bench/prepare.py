@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.peak_memory import high_water_mib, reset_high_water_mark
 from minigpt.data import prepare_dataset
 from minigpt.data.shakespeare import read_plays
 from minigpt.tokenizer import get_tokenizer
@@ -84,25 +85,11 @@ def run(variant: str, docs: list[str]) -> tuple[float, float, int]:
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
-def _reset_peak_rss() -> None:
-    """Linux: restart the VmHWM high-water mark, so imports and BPE loading do not count."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def _peak_rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def measure_memory(variant: str) -> float:
     """Peak RSS (MiB) of a fresh process during its second run of the variant (the first one
     imports and loads everything). With num_proc=2 the map workers' memory is not included."""
-    out = subprocess.run([sys.executable, "-m", "bench.prepare", "--measure-memory", variant], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, "-m", "bench.prepare", "--measure-memory", variant],
+                         check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_mib"]
 
 
@@ -117,9 +104,9 @@ def main() -> None:
 
     if args.measure_memory:
         run(args.measure_memory, docs)  # once to import and warm up everything
-        _reset_peak_rss()
+        reset_high_water_mark()
         run(args.measure_memory, docs)
-        print(json.dumps({"peak_mib": _peak_rss_mib()}))
+        print(json.dumps({"peak_mib": high_water_mib()}))
         return
 
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}

@@ -16,13 +16,19 @@ other load can fall on one run more than another.
 from __future__ import annotations
 
 import argparse
-import statistics
+from functools import partial
 
 import torch
 
 from bench.loop_step import loop_step
 from bench.recipe_configs import recipe
-from bench.timing import add_timing_arguments, clock, configure_timing, print_header
+from bench.timing import (
+    add_timing_arguments,
+    configure_timing,
+    medians,
+    print_header,
+    time_interleaved,
+)
 from minigpt.cpu import speed_up_training
 from minigpt.model import GPT, GPTConfig
 
@@ -48,9 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-cpu-speedups", action="store_true",
                         help="the plain models (as cpu_speedups=false): what minigpt.cpu buys")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=10)
-    add_timing_arguments(parser)
+    add_timing_arguments(parser, warmup=3, repeats=10)
     args = parser.parse_args(argv)
     configure_timing(parser, args)
     steps = {}
@@ -60,19 +64,14 @@ def main(argv: list[str] | None = None) -> None:
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randint(0, TOY["vocab_size"], (2, args.batch, TOY["context_length"]),
                          generator=gen)
-    times = {name: [] for name in steps}
-    for i in range(args.warmup + args.repeats):
-        for name, step in steps.items():
-            start = clock()
-            step(x, y)
-            if i >= args.warmup:
-                times[name].append(clock() - start)
-    base = statistics.median(times[args.recipes[0]])
+    times = medians(time_interleaved({name: partial(step, x, y) for name, step in steps.items()},
+                                     args.warmup, args.repeats))
+    base = times[args.recipes[0]]
     print()
     print_header(f"{'recipe':<10} {'ms/step':>9} {'tokens/s':>10} {'vs ' + args.recipes[0]:>9}")
-    for name, samples in times.items():
-        ms = statistics.median(samples)
-        print(f"{name:<10} {1e3 * ms:>9.1f} {x.numel() / 2 / ms:>10,.0f} {ms / base:>8.2f}x")
+    for name, seconds in times.items():
+        print(f"{name:<10} {1e3 * seconds:>9.1f} {x.numel() / seconds:>10,.0f} "
+              f"{seconds / base:>8.2f}x")
 
 
 if __name__ == "__main__":

@@ -16,17 +16,17 @@ for every variant:
   ``F.cross_entropy`` over the full logits), to show what the CPU speedups give and what the rest
   of the implementation gives;
 * ``ours bf16``: the precision this CPU gets by default (AVX512-BF16 here): forward and loss under
-  Fabric's ``bf16-mixed`` (``torch.autocast("cpu", dtype=torch.bfloat16)``), float32 master weights and optimizer, with
-  ``speed_up_training`` applied as for ``bf16-mixed`` (the chunked loss; autocast's matmuls run
+  Fabric's ``bf16-mixed`` (``torch.autocast("cpu", dtype=torch.bfloat16)``), float32 master
+  weights and optimizer, with ``speed_up_training`` applied as for ``bf16-mixed`` (the chunked loss; autocast's matmuls run
   in bfloat16 on PyTorch's own kernels).
 
 Our model computes its loss with ``GPT.loss`` (its training API); Hugging Face's logits go
 through the tests' plain cross-entropy (``tests.oracles.logits_cross_entropy``: cheaper than its
 ``labels=`` path, which copies shifted logits), so HF gets its best case. All variants live in
-one process and are stepped interleaved (ours, HF, ours bf16, ours, ...) after warm-up; medians of ``--repeats`` steps. Achieved FLOP/s
-counts ``GPT.flops_per_token`` (6 N + 12 L T C, N without position embeddings) per token; MFU is
-against the float32 (or bfloat16) matmul peak measured here with a large square matmul (the best
-of ``torch.mm`` and, in float32, oneDNN's).
+one process and are stepped interleaved (ours, HF, ours bf16, ours, ...) after warm-up; medians
+of ``--repeats`` steps. Achieved FLOP/s counts ``GPT.flops_per_token`` (6 N + 12 L T C, N
+without position embeddings) per token; MFU is against the float32 (or bfloat16) matmul peak
+measured here with a large square matmul (the best of ``torch.mm`` and, in float32, oneDNN's).
 """
 
 from __future__ import annotations
