@@ -1,7 +1,7 @@
 """Sample from a trained GPT: ``python generate.py [key=value ...]`` (see configs/generate.yaml).
 
-A thin Hydra entry point: load a checkpoint (``minigpt.checkpoint``) or a Hugging Face GPT-2
-directory (``minigpt.hf``), encode the prompt, sample with the KV cache (``minigpt.sampling``),
+A thin Hydra entry point: load a checkpoint or a Hugging Face GPT-2 directory
+(``minigpt.inference``, the loader eval and viz share), encode the prompt, sample with the KV cache (``minigpt.sampling``),
 decode and print. Samples go to stdout, everything else to stderr.
 """
 
@@ -13,32 +13,30 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from minigpt.config_schema import GenerateSchema, check_keys, config_errors, register_schemas
+from minigpt.config import GenerateSchema, config_errors, register_schemas, settings_problems, typed
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-DECODERS = ("auto", "eager", "compiled")
 SEPARATOR = "\n---------------\n"
 
 
-def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
+def run(cfg: GenerateSchema | DictConfig, out=sys.stdout) -> list[str]:
     """Generate ``cfg.num_samples`` samples of each prompt (``prompt``, or one per line of
     ``prompts=@file.txt``, all sampled as one left-padded batch); print them to ``out`` and
-    return their text (prompt + continuation, without the end-of-text token)."""
+    return their text (prompt + continuation, without the end-of-text token). ``cfg``: the
+    typed config (a composed one is converted)."""
     import torch
 
-    from minigpt.checkpoint import load_model
+    from minigpt.inference import load_for_inference
     from minigpt.sampling import generate, pad_prompts, validate_sampling
+
+    cfg = typed(cfg, GenerateSchema)
 
     validate_sampling(cfg.temperature, cfg.top_k, cfg.top_p)  # fail before loading anything
     _check_options(cfg)
     prompts = _read_prompts(cfg)
-    device = pick_device(cfg.device)
-    dtype = decoding_dtype(cfg.dtype, device)
-    model, tokenizer, source = load_model(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root)
-    ctx, num_params = model.config.context_length, model.num_params()
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens but the "
-                         f"model only {model.config.vocab_size}")
+    loaded = load_for_inference(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root,
+                                device=cfg.device, dtype=cfg.dtype)
+    model, tokenizer, source, device = loaded.model, loaded.tokenizer, loaded.source, loaded.device
+    ctx = model.config.context_length
     ids = [tokenizer.encode(p) for p in prompts]  # the char tokenizer names unknown characters
     if cfg.attention_map:  # before packing: the maps need the plain float32 layers
         from minigpt.viz.attention_maps import write_attention_map
@@ -49,12 +47,10 @@ def run(cfg: DictConfig, out=sys.stdout) -> list[str]:
                                   cfg.attention_layer, source))
     compiled = cfg.decoder == "compiled" or (cfg.decoder == "auto" and device.startswith("cuda"))
     # torch.compile cannot trace minigpt.cpu's oneDNN ops; inductor packs CPU weights itself
-    applied = place_model(model, device, getattr(torch, dtype),
-                          cfg.cpu_speedups if not compiled else False)
+    applied = loaded.place(cpu_speedups=cfg.cpu_speedups is not False and not compiled)
     rows = [_prompt_window(row, tokenizer.eot_id, ctx, model.unbounded)
             for row in ids for _ in range(cfg.num_samples)]
-    _info(f"{source}: {num_params / 1e6:.2f}M parameters, tokenizer {tokenizer.name!r}, "
-          f"context {ctx}, {device} {dtype}, {'compiled' if compiled else 'eager'} decoder; "
+    _info(f"{loaded.describe()}, {'compiled' if compiled else 'eager'} decoder; "
           f"cpu speedups: {', '.join(applied) or 'none'}; {len(prompts)} prompt(s) x "
           f"{cfg.num_samples} sample(s) of up to {cfg.max_new_tokens} tokens")
 
@@ -98,65 +94,6 @@ def _prompt_window(ids: list[int], eot_id: int, ctx: int, unbounded: bool) -> li
     return start
 
 
-def decoding_dtype(name: str, device: str) -> str:
-    """``dtype=auto``: bfloat16 weights on a GPU that multiplies bf16 natively (float16 on older
-    ones), float32 on the CPU. On a GPU, float32 matmuls that remain use TF32 (this process)."""
-    import torch
-
-    on_gpu = str(device).startswith("cuda")
-    if on_gpu:
-        torch.set_float32_matmul_precision("high")
-    if name != "auto":
-        return name
-    if not on_gpu:
-        return "float32"
-    return "bfloat16" if torch.cuda.is_bf16_supported(including_emulation=False) else "float16"
-
-
-def place_model(model, device: str, dtype, cpu_speedups) -> list[str]:
-    """Move ``model`` to ``device`` in ``dtype``; on the CPU (``cpu_speedups=auto``) pack its
-    linear weights in that dtype instead, activations staying float32. What was applied."""
-    import torch
-
-    model.to(device)
-    applied = []
-    if cpu_speedups is not False and dtype in (torch.float32, torch.bfloat16):
-        from minigpt.cpu import speed_up_decoding
-
-        applied = speed_up_decoding(model, weight_dtype=dtype)
-    if not applied:
-        model.to(dtype)
-    return applied
-
-
-def pick_device(name: str) -> str:
-    """``device=auto``: cuda if this machine has a GPU, else cpu; any other name as given, once
-    checked to exist here (else one line naming the setting and what this machine offers)."""
-    import torch
-
-    from minigpt.errors import UserError
-
-    gpus = torch.cuda.device_count()
-    if name == "auto":
-        return "cuda" if gpus else "cpu"
-    mps = torch.backends.mps.is_available()
-    offers = "device=cpu" + (f", device=cuda (or cuda:0 .. cuda:{gpus - 1})" if gpus else "") \
-        + (", device=mps" if mps else "") + " or device=auto"
-    try:
-        kind = torch.device(str(name))
-    except (RuntimeError, TypeError, ValueError):
-        raise UserError(f"device={name!r} is not a device name; this machine offers "
-                        f"{offers}") from None
-    if kind.type == "cpu" or (kind.type == "mps" and mps) or \
-            (kind.type == "cuda" and (kind.index or 0) < gpus):
-        return str(name)
-    has = f"{gpus} CUDA GPU(s)" if gpus else "no CUDA GPU" + (
-        f" (this torch {torch.__version__} is built without CUDA)" if torch.version.cuda is None
-        else "")
-    raise UserError(f"device={name!r} is not on this machine, which has {has}; it offers "
-                    f"{offers}")
-
-
 def _decode_rows(tokenizer, tokens, eos_id: int | None) -> list[str]:
     """Each row's text, up to (not including) its first ``eos_id``."""
     texts = []
@@ -167,18 +104,9 @@ def _decode_rows(tokenizer, tokens, eos_id: int | None) -> list[str]:
     return texts
 
 
-def _check_options(cfg: DictConfig) -> None:
-    problems = []
-    for name in ("max_new_tokens", "num_samples", "seed"):
-        value, low = cfg[name], 0 if name != "num_samples" else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            problems.append(f"{name}={value!r} must be an integer >= {low}")
-    if cfg.cpu_speedups not in ("auto", False):
-        problems.append(f"cpu_speedups={cfg.cpu_speedups!r} must be auto or false")
-    if cfg.decoder not in DECODERS:
-        problems.append(f"decoder={cfg.decoder!r} must be one of {DECODERS}")
-    if cfg.dtype not in DTYPES:
-        problems.append(f"dtype={cfg.dtype!r} must be one of {DTYPES}")
+def _check_options(cfg: GenerateSchema) -> None:
+    """Every bad value at once: the schema's types and rules, then the rules across fields."""
+    problems = settings_problems(cfg)
     if cfg.ckpt_path is not None and cfg.pretrained is not None:
         problems.append("give ckpt_path or pretrained, not both")
     if sum([bool(cfg.prompt), cfg.prompt_file is not None, cfg.prompts is not None]) > 1:
@@ -248,7 +176,7 @@ def _info(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-register_schemas()  # configs/generate.yaml names its schema (minigpt/config_schema.py)
+register_schemas()  # configs/generate.yaml names its schema (minigpt/config/schema.py)
 
 
 @hydra.main(config_path="configs", config_name="generate", version_base="1.3")
@@ -259,8 +187,7 @@ def main(cfg: DictConfig) -> None:
         # Bad input: one line and exit status 2. Sampling options and hub downloads report as
         # ValueError / OSError; other exceptions are bugs and keep their traceback.
         with one_line_errors(ValueError, OSError):
-            check_keys(cfg, GenerateSchema)  # keys added with + that the schema lacks
-            run(cfg)
+            run(typed(cfg, GenerateSchema))  # the typed config, from here on
     except KeyboardInterrupt:
         sys.exit(130)
 

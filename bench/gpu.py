@@ -44,7 +44,8 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from bench.loop_step import CausalLMWithLoss, loop_step
 from bench.recipe_configs import optim_settings, recipe
 from bench.timing import medians, time_interleaved
-from generate import decoding_dtype, place_model
+from minigpt.devices import inference_dtype
+from minigpt.inference import place_model
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate
 from minigpt.static_decoding import StaticDecoder
@@ -296,8 +297,7 @@ def decoding_table(plan: Plan, batches=(1, 8)) -> dict:
     model = GPT(plan.config).eval()
     hf = _transformers_decoder(model, plan)
     compiled = plan.device.type == "cuda"  # generate.py's decoder=auto
-    place_model(model, device, getattr(torch, decoding_dtype("auto", device)),
-                "auto" if not compiled else False)
+    place_model(model, device, inference_dtype("auto", device), cpu_speedups=not compiled)
     rows = {}
     for batch in batches:
         prompt = torch.randint(0, plan.config.vocab_size, (batch, plan.prompt_tokens),

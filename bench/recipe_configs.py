@@ -13,7 +13,7 @@ def train_config(*overrides: str):
     """The composed config of ``python train.py <overrides>``."""
     from hydra import compose, initialize_config_dir
 
-    from minigpt.config_schema import register_schemas
+    from minigpt.config import register_schemas
 
     register_schemas()  # the YAML files name their schemas
     with initialize_config_dir(str(ROOT / "configs"), version_base=None):

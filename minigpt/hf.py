@@ -237,7 +237,7 @@ def _read_weights(directory: Path) -> dict[str, Tensor]:
         if file.suffix == ".safetensors":
             state.update(_read_safetensors(file))
         else:  # weights_only: a pickle may hold tensors and plain containers, never code
-            from minigpt.safe_load import load_tensors
+            from minigpt.checkpoint.safe_load import load_tensors
 
             weights = load_tensors(file)
             if not isinstance(weights, dict) or not all(

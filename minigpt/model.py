@@ -18,13 +18,23 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minigpt.attention import MultiHeadAttention, check_context_fits, check_kv_heads
+from minigpt.field_rules import OneOf, Range, field_problems
 from minigpt.kv_cache import KVCache, LayerCache
-from minigpt.rope import check_rope_head_dim, check_rope_theta
-from minigpt.window import check_window
+from minigpt.rope import check_rope_head_dim
 
 POSITIONS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "relu2")
+POSITIVE = Range(0, low_open=True)
+# The one table of GPTConfig's single-field rules (its types come from the annotations); the
+# training config's model.* checks are these too (minigpt.config.rules).
+GPT_CONFIG_RULES = {
+    **dict.fromkeys(("vocab_size", "context_length", "n_layer", "n_head", "n_embd", "window"),
+                    Range(1)),
+    "dropout": Range(0, 1, high_open=True),
+    **dict.fromkeys(("layer_norm_eps", "init_std", "rope_theta", "logit_softcap"), POSITIVE),
+    "position": OneOf(POSITIONS), "norm": OneOf(NORMS), "mlp": OneOf(MLPS),
+}
 
 
 @dataclass
@@ -56,56 +66,28 @@ class GPTConfig:
     value_embeddings: bool = False  # every other layer adds a token-indexed table to its values
 
     def __post_init__(self):
-        problems = self._size_problems() + self._variant_problems() + self._option_problems()
+        problems = self.problems()
         if problems:
             raise ValueError("GPTConfig: " + "; ".join(problems))
 
-    def _size_problems(self) -> list[str]:
-        problems = []
-        for name in ("vocab_size", "context_length", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                problems.append(f"{name}={value!r} must be a positive integer")
-        if not problems and self.n_embd % self.n_head != 0:
+    def problems(self) -> list[str]:
+        """Every bad value, one phrase each: each field against its type and
+        ``GPT_CONFIG_RULES``, then the rules that span fields."""
+        return field_problems(self, GPT_CONFIG_RULES) + self.spanning_problems()
+
+    def spanning_problems(self) -> list[str]:
+        """The rules across fields: heads divide the width, key/value heads divide the heads,
+        rope's head dimension is even (each once the sizes it needs are valid)."""
+        sizes = (self.n_head, self.n_embd)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
+            return []
+        problems = [check_kv_heads(self.num_kv_heads, self.n_head)
+                    if self.num_kv_heads is not None else None]
+        if self.n_embd % self.n_head != 0:
             problems.append(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
-            problems.append(f"dropout={self.dropout!r} must be in [0, 1)")
-        for name in ("bias", "qkv_bias"):
-            if not isinstance(getattr(self, name), bool):
-                problems.append(f"{name}={getattr(self, name)!r} must be true or false")
-        for name in ("layer_norm_eps", "init_std"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                problems.append(f"{name}={value!r} must be a positive number")
-        return problems
-
-    def _variant_problems(self) -> list[str]:
-        problems = []
-        if self.num_kv_heads is not None:
-            problems.append(check_kv_heads(self.num_kv_heads, self.n_head))
-        if self.position not in POSITIONS:
-            problems.append(f"position={self.position!r} must be one of {', '.join(POSITIONS)}")
-        elif self.position == "rope" and isinstance(self.n_head, int) and self.n_head > 0 \
-                and isinstance(self.n_embd, int) and self.n_embd % self.n_head == 0:
+        elif self.position == "rope":
             problems.append(check_rope_head_dim(self.n_embd // self.n_head))
-        problems.append(check_rope_theta(self.rope_theta))
-        problems.append(check_window(self.window))
         return [p for p in problems if p]
-
-    def _option_problems(self) -> list[str]:
-        problems = []
-        for name, choices in (("norm", NORMS), ("mlp", MLPS)):
-            if getattr(self, name) not in choices:
-                problems.append(f"{name}={getattr(self, name)!r} must be one of "
-                                f"{', '.join(choices)}")
-        for name in ("qk_norm", "tie_head", "zero_init_proj", "value_embeddings"):
-            if not isinstance(getattr(self, name), bool):
-                problems.append(f"{name}={getattr(self, name)!r} must be true or false")
-        cap = self.logit_softcap
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float))
-                                or not 0 < cap < math.inf):
-            problems.append(f"logit_softcap={cap!r} must be a positive number or None")
-        return problems
 
     @property
     def kv_heads(self) -> int:

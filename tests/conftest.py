@@ -7,7 +7,7 @@ import pytest
 import torch
 from checkpoint_text import from_text
 
-from minigpt.config_schema import register_schemas
+from minigpt.config import register_schemas
 
 # configs/**/*.yaml name their schemas: tests that compose them (Hydra's compose API) need them.
 register_schemas()

@@ -22,7 +22,8 @@ PROGRESS = re.compile(r"\d+/\d+ \[")  # a tqdm bar: preparation's, not an error
 
 def cli(tmp: Path, program: str, *args: str) -> tuple[subprocess.CompletedProcess, float]:
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "minigpt.data"] if program == "prepare" else \
+    modules = {"prepare": "minigpt.data", "eval": "minigpt.eval"}
+    command = [sys.executable, "-m", modules[program]] if program in modules else \
         [sys.executable, str(ROOT / program)]
     start = time.perf_counter()
     result = subprocess.run([*command, *args], cwd=tmp, env=env, capture_output=True, text=True,
@@ -122,6 +123,19 @@ def cases(tmp: Path, checkpoint: Path) -> list[tuple[str, str, list[str], str]]:
          "unknown config key temprature: did you mean temperature?"),
         ("misspelled data key", "prepare", ["+data.encodng=latin-1", data],
          "unknown config key data.encodng: did you mean data.encoding?"),
+        ("misspelled eval key", "eval", ["+limt=3"],
+         "unknown config key limt: did you mean limit?"),
+        # values out of their range, and rules across fields (minigpt/config/rules.py)
+        ("Muon momentum out of range", "train.py", ["optim.muon_momentum=1.5", data, *QUIET],
+         "optim.muon_momentum=1.5 must be a number in [0, 1)"),
+        ("Muon lr rule that does not exist", "train.py",
+         ["optim=muon", "optim.muon_adjust_lr=banana", data, *QUIET],
+         "optim.muon_adjust_lr='banana' must be one of original, match_rms_adamw or null"),
+        ("stop at a target that is not set", "train.py",
+         ["trainer.stop_at_target=true", data, *QUIET],
+         "trainer.stop_at_target=true needs trainer.target_val_loss"),
+        ("eval batch of nothing", "eval", ["batch_size=0", "dtype=float8"],
+         "batch_size=0 must be a positive integer; dtype='float8' must be one of auto, float32"),
         # files a user hands us
         ("checkpoint carrying code", "generate.py", [f"ckpt_path={code_ckpt}"],
          f"{code_ckpt} holds Python objects"),

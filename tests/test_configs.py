@@ -9,8 +9,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from minigpt.config import TrainSchema, typed
 from minigpt.model import GPT
-from minigpt.train.config import ConfigError, check_config, gpt_config
+from minigpt.train.config import ConfigError, check_config
 from minigpt.train.launch import build_fabric
 from minigpt.train.loggers import build_loggers
 from minigpt.train.plan import batch_plan, resolve_plan
@@ -59,7 +60,7 @@ def test_gpt2_sizes_on_meta_device(name, millions):
     assert cfg.optim.lr == 6e-4  # ... and the learning rate to GPT-2's
     assert cfg.data.batch_size <= 8  # ... and a micro-batch that fits a GPU at 1024 tokens
     with torch.device("meta"):
-        model = GPT(gpt_config(cfg.model, 50257))
+        model = GPT(typed(cfg, TrainSchema).model.gpt_config(50257))
     assert model.num_params() / 1e6 == pytest.approx(millions, abs=0.1)
     check_config(cfg)
 
@@ -71,7 +72,7 @@ def test_command_line_data_wins_over_the_model_default():
 @pytest.mark.parametrize("name", ["toy"])
 def test_small_models_build_for_real(name):
     cfg = compose_train(f"model={name}")
-    model = GPT(gpt_config(cfg.model, 128))
+    model = GPT(typed(cfg, TrainSchema).model.gpt_config(128))
     assert 1e5 < model.num_params() < 2e7
 
 
@@ -101,10 +102,10 @@ def test_trainers_compose_and_build_where_possible(trainer, tmp_path):
     cfg = compose_train(f"trainer={trainer}", "logger=none")
     if cfg.trainer.accelerator == "gpu" and not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    plan = resolve_plan(cfg, world_size=1)
-    fabric = build_fabric(cfg, plan, loggers=[])
+    plan = resolve_plan(typed(cfg, TrainSchema))
+    fabric = build_fabric(typed(cfg, TrainSchema).trainer, plan, loggers=[])
     assert plan.precision in ("bf16-mixed", "16-mixed", "32-true")
-    assert plan.for_world(fabric.world_size).world_size == fabric.world_size
+    assert plan.with_world(fabric.world_size).world_size == fabric.world_size
 
 
 def test_overrides_users_reach_for():
@@ -120,13 +121,13 @@ def test_overrides_users_reach_for():
 
 @pytest.mark.parametrize("logger", ["csv", "none"])
 def test_loggers_build(logger, tmp_path):
-    loggers = build_loggers(compose_train(f"logger={logger}").logger, tmp_path)
+    loggers = build_loggers(typed(compose_train(f"logger={logger}"), TrainSchema).logger, tmp_path)
     assert [type(lg).__name__ for lg in loggers] == (["CSVLogger"] if logger == "csv" else [])
 
 
 def test_wandb_logger_builds_without_network(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    loggers = build_loggers(compose_train("logger=wandb").logger, tmp_path)
+    loggers = build_loggers(typed(compose_train("logger=wandb"), TrainSchema).logger, tmp_path)
     assert [type(lg).__name__ for lg in loggers] == ["CSVLogger", "WandbRun"]
     wandb_run = loggers[1]
     assert not list(tmp_path.iterdir())  # nothing written until the run starts
@@ -146,7 +147,8 @@ def test_fsdp_wraps_each_block():
     from minigpt.train.launch import fsdp_strategy
 
     cfg = compose_train("trainer=fsdp", "trainer.precision=bf16-mixed")
-    strategy = fsdp_strategy(resolve_plan(cfg, world_size=2), dict(cfg.trainer.fsdp))
+    train = typed(cfg, TrainSchema)
+    strategy = fsdp_strategy(resolve_plan(train, world_size=2), train.trainer.fsdp)
     assert type(strategy).__name__ == "FSDPStrategy"
     assert strategy._fsdp_kwargs["use_orig_params"] is True
     assert strategy._state_dict_type == "sharded"
@@ -163,26 +165,26 @@ def test_trainer_problems_are_config_errors():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    cfg = compose_train("trainer=fsdp")
+    train = typed(compose_train("trainer=fsdp"), TrainSchema)
     with pytest.raises(ConfigError, match="trainer.strategy=fsdp runs on GPUs and this machine has none"):
-        build_fabric(cfg, resolve_plan(cfg, world_size=1), loggers=[])
+        build_fabric(train.trainer, resolve_plan(train), loggers=[])
 
 
 @pytest.mark.parametrize("attention", options("attention"))
 def test_attention_variants_compose_and_build(attention):
     cfg = compose_train(f"attention={attention}")
     check_config(cfg)
-    model = GPT(gpt_config(cfg.model, 128))
+    model = GPT(typed(cfg, TrainSchema).model.gpt_config(128))
     assert model.num_params() > 1e6
     assert compose_train(f"attention={attention}", "model=gpt2_small").model.n_head == 12
 
 
 def test_attention_fields_as_command_line_overrides():
     cfg = compose_train("model.num_kv_heads=1", "model.position=rope", "model.window=128")
-    config = gpt_config(cfg.model, 128)
+    config = typed(cfg, TrainSchema).model.gpt_config(128)
     assert (config.kv_heads, config.position, config.window) == (1, "rope", 128)
     bad = compose_train("model.num_kv_heads=3", "model.window=0")
-    with pytest.raises(ConfigError, match=r"num_kv_heads=3 must divide num_heads=4; window=0"):
+    with pytest.raises(ConfigError, match=r"window=0 must be .*; model.num_kv_heads=3 must divide num_heads=4"):
         check_config(bad)
 
 

@@ -396,7 +396,7 @@ def test_text_in_another_encoding_names_the_option_and_the_conversion(tmp_path):
     one_line(e)
     meta = prepare_dataset({**cfg, "encoding": "latin-1"}, tmp_path / "data", progress=False)
     assert "ç" in meta["tokenizer"]["chars"]
-    with pytest.raises(DataError, match="encoding='nope' is not an encoding"):
+    with pytest.raises(DataError, match="encoding='nope' must be an encoding Python knows"):
         prepare_dataset({**cfg, "encoding": "nope"}, tmp_path / "data", progress=False)
 
 
@@ -419,7 +419,7 @@ def test_missing_prepared_data_says_how_to_prepare(tmp_path):
 
 
 def test_bad_config_values_are_reported_together():
-    with pytest.raises(DataError, match=r"val_fraction=2 must be in \(0, 1\); num_proc=0 must") as e:
+    with pytest.raises(DataError, match=r"val_fraction=2 must be a number in \(0, 1\); num_proc=0 must") as e:
         DataConfig(name="x", val_fraction=2, num_proc=0)
     one_line(e)
     with pytest.raises(DataError, match=r"unknown data config field\(s\) \['val_fractoin'\]"):

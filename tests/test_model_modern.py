@@ -14,17 +14,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 from oracles import ref_attention, ref_hidden, ref_logits
 
 from minigpt.attention import MultiHeadAttention
 from minigpt.checkpoint import checkpoint_metadata, load_checkpoint
+from minigpt.config import TrainSchema, typed
 from minigpt.cpu import speed_up_decoding, speed_up_training
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate, pad_prompts
 from minigpt.static_decoding import StaticDecoder
 from minigpt.tokenizer import get_tokenizer
-from minigpt.train.config import gpt_config
 from minigpt.train.preflight import estimate_training_memory, num_parameters
 from minigpt.viz import attention_maps
 
@@ -93,12 +92,12 @@ def test_defaults_are_gpt2_and_old_configs_load():
     ({"mlp": "swiglu"}, r"^GPTConfig: mlp='swiglu' must be one of gelu, relu2$"),
     ({"qk_norm": "yes"}, r"^GPTConfig: qk_norm='yes' must be true or false$"),
     ({"tie_head": 0}, r"^GPTConfig: tie_head=0 must be true or false$"),
-    ({"zero_init_proj": None}, r"^GPTConfig: zero_init_proj=None must be true or false$"),
+    ({"zero_init_proj": None}, r"^GPTConfig: zero_init_proj=null must be true or false$"),
     ({"value_embeddings": 1}, r"^GPTConfig: value_embeddings=1 must be true or false$"),
-    ({"logit_softcap": 0}, r"^GPTConfig: logit_softcap=0 must be a positive number or None$"),
+    ({"logit_softcap": 0}, r"^GPTConfig: logit_softcap=0 must be a positive number or null$"),
     ({"logit_softcap": -15.0}, r"^GPTConfig: logit_softcap=-15.0 must be a positive number"),
     ({"logit_softcap": float("inf")}, r"^GPTConfig: logit_softcap=inf must be a positive"),
-    ({"logit_softcap": True}, r"^GPTConfig: logit_softcap=True must be a positive number"),
+    ({"logit_softcap": True}, r"^GPTConfig: logit_softcap=true must be a positive number"),
 ])
 def test_bad_values_are_one_line(values, message):
     with pytest.raises(ValueError, match=message) as error:
@@ -128,11 +127,11 @@ def test_hydra_configs_take_the_options():
         with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
             cfg = compose("train", overrides=preset + overrides)
             default = compose("train", overrides=preset)
-        built = gpt_config(OmegaConf.to_container(cfg.model, resolve=True), 64)
+        built = typed(cfg, TrainSchema).model.gpt_config(64)
         assert (built.norm, built.qk_norm, built.mlp, built.tie_head, built.zero_init_proj,
                 built.logit_softcap, built.value_embeddings) == \
             ("rmsnorm", True, "relu2", False, True, 15.0, True)
-        plain = gpt_config(OmegaConf.to_container(default.model, resolve=True), 64)
+        plain = typed(default, TrainSchema).model.gpt_config(64)
         assert plain == GPTConfig(**{**plain.to_dict(), **{k: getattr(GPTConfig(), k)
                                                            for k in ALL}})
 

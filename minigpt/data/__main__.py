@@ -6,7 +6,7 @@ A utility, not a run: Hydra neither changes directory nor writes outputs/ or log
 import hydra
 from omegaconf import DictConfig
 
-from minigpt.config_schema import PrepareSchema, check_keys, config_errors, register_schemas
+from minigpt.config import PrepareSchema, config_errors, register_schemas, typed
 from minigpt.data.prepare import prepare_dataset
 from minigpt.errors import one_line_errors
 
@@ -16,9 +16,9 @@ register_schemas()  # configs/prepare.yaml and data/*.yaml name their schemas
 @hydra.main(config_path="../../configs", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with one_line_errors():  # bad input: one line and exit status 2
-        check_keys(cfg, PrepareSchema)  # keys added with + that the schema lacks
-        meta = prepare_dataset(cfg.data, cfg.data_root)
-    directory = f"{cfg.data_root}/{meta['name']}"
+        prepare = typed(cfg, PrepareSchema)  # the typed config, from here on
+        meta = prepare_dataset(prepare.data, prepare.data_root)
+    directory = f"{prepare.data_root}/{meta['name']}"
     print(f"{directory}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens "
           f"({meta['dtype']}, tokenizer {meta['tokenizer']['name']}, vocab {meta['vocab_size']:,}, "
           f"{meta['documents']:,} documents, fingerprint {meta['fingerprint']})")

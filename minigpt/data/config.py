@@ -7,12 +7,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minigpt.errors import UserError
+from minigpt.field_rules import OneOf, Range, Satisfies, field_problems
 from minigpt.tokenizer import TIKTOKEN_ENCODINGS
 
 SOURCES = ("shakespeare", "files", "hub")
 FORMATS = ("auto", "text", "json", "parquet", "csv")
 SAMPLE_BY = ("document", "line", "paragraph")
 VAL_SPLITS = ("tail", "document")
+AT_LEAST_1 = Range(1)
+# The one table of DataConfig's single-field rules (its types come from the annotations); a
+# training run's data.* checks are these too (minigpt.config.rules).
+DATA_RULES = {
+    "name": Satisfies(lambda n: bool(n) and "/" not in n and n not in (".", ".."),
+                      "a plain directory name"),
+    "source": OneOf(SOURCES), "tokenizer": OneOf(("char", *TIKTOKEN_ENCODINGS)),
+    "format": OneOf(FORMATS), "sample_by": OneOf(SAMPLE_BY), "val_split": OneOf(VAL_SPLITS),
+    "encoding": Satisfies(lambda name: _known_encoding(name), "an encoding Python knows (e.g. "
+                          "utf-8, latin-1, cp1252, utf-16)"),
+    "val_fraction": Range(0, 1, low_open=True, high_open=True),
+    "num_workers": Range(0),
+    **dict.fromkeys(("num_proc", "batch_size", "val_tokens", "max_documents", "max_tokens",
+                     "val_batch_size", "tokens_per_step"), AT_LEAST_1),
+}
 
 
 class DataError(UserError, ValueError):
@@ -59,41 +75,28 @@ class DataConfig:
         if isinstance(self.paths, str):
             self.paths = [self.paths]
         self.paths = [str(p) for p in self.paths or []]
-        problems = []
-
-        def bad(cond: bool, msg: str):
-            if cond:
-                problems.append(msg)
-
-        bad(not isinstance(self.name, str) or not self.name or "/" in self.name or self.name in (".", ".."),
-            f"name={self.name!r} must be a plain directory name")
-        bad(self.source not in SOURCES, f"source={self.source!r} must be one of {SOURCES}")
-        bad(self.tokenizer != "char" and self.tokenizer not in TIKTOKEN_ENCODINGS,
-            f"tokenizer={self.tokenizer!r} must be 'char' or one of {TIKTOKEN_ENCODINGS}")
-        bad(self.format not in FORMATS, f"format={self.format!r} must be one of {FORMATS}")
-        bad(self.sample_by not in SAMPLE_BY, f"sample_by={self.sample_by!r} must be one of {SAMPLE_BY}")
-        bad(not _known_encoding(self.encoding),
-            f"encoding={self.encoding!r} is not an encoding Python knows (e.g. utf-8, latin-1, "
-            "cp1252, utf-16)")
-        bad(self.val_split not in VAL_SPLITS, f"val_split={self.val_split!r} must be one of {VAL_SPLITS}")
-        bad(self.source == "files" and not self.paths, "source=files needs paths (files or globs)")
-        bad(self.source == "hub" and not self.hub_name, "source=hub needs hub_name")
-        bad(not 0.0 < float(self.val_fraction) < 1.0, f"val_fraction={self.val_fraction} must be in (0, 1)")
-        for key, low in (("num_proc", 1), ("batch_size", 1), ("num_workers", 0), ("val_tokens", 1)):
-            value = getattr(self, key)
-            bad(not isinstance(value, int) or value < low, f"{key}={value!r} must be an integer >= {low}")
-        for key in ("max_documents", "max_tokens", "val_batch_size", "tokens_per_step"):
-            value = getattr(self, key)
-            bad(value is not None and (not isinstance(value, int) or value < 1),
-                f"{key}={value!r} must be null or an integer >= 1")
+        problems = self.problems()
         if problems:
             raise DataError("bad data config: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every bad value, one phrase each: the fields against their types and ``DATA_RULES``,
+        then the rules across fields."""
+        return field_problems(self, DATA_RULES) + self.spanning_problems()
+
+    def spanning_problems(self) -> list[str]:
+        """What a source needs besides itself."""
+        needs = {"files": (self.paths, "source=files needs paths (files or globs)"),
+                 "hub": (self.hub_name, "source=hub needs hub_name")}
+        given, problem = needs.get(self.source, (True, ""))
+        return [] if given else [problem]
 
     @classmethod
     def from_any(cls, cfg: Any) -> DataConfig:
         """From a ``DataConfig``, a dict or an OmegaConf ``DictConfig``; unknown keys are errors."""
-        if isinstance(cfg, cls):
-            return cfg
+        if isinstance(cfg, cls):  # a schema's unchecked subclass (checked with its run) too
+            return cfg if type(cfg) is cls else cls(**{f.name: getattr(cfg, f.name)
+                                                       for f in dataclasses.fields(cls)})
         if not isinstance(cfg, dict):  # DictConfig; imported lazily to keep this module light
             from omegaconf import OmegaConf
 

@@ -16,14 +16,13 @@ from minigpt.eval.hellaswag import (
     score_items,
 )
 from minigpt.eval.scoring import Score, fit_row, score_groups, score_pairs, score_rows
-from minigpt.eval.training import config_problems, hellaswag_in_training, training_items
+from minigpt.eval.training import hellaswag_in_training, training_items
 
 __all__ = [
     "HellaSwagError",
     "Item",
     "Result",
     "Score",
-    "config_problems",
     "fit_row",
     "hellaswag_in_training",
     "load_items",

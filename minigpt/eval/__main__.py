@@ -10,6 +10,10 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from minigpt.config import EvalCommandSchema, config_errors, register_schemas, typed
+
+register_schemas()  # configs/eval.yaml names its schema (minigpt/config/schema.py)
+
 
 def harness_arguments(argv: list[str]) -> list[str]:
     """``harness tasks=a,b`` -> ``task=harness tasks=[a,b]``; other arguments unchanged."""
@@ -28,9 +32,10 @@ def main(cfg: DictConfig) -> None:
     # Bad input: one line and exit status 2 (user errors, missing files, downloads, a model
     # that cannot read the text); other exceptions are bugs and keep their traceback.
     with command_line_errors(ValueError, OSError):
-        run(cfg)
+        run(typed(cfg, EvalCommandSchema))  # the typed config, from here on
 
 
 if __name__ == "__main__":
     sys.argv[1:] = harness_arguments(sys.argv[1:])
-    main()
+    with config_errors(EvalCommandSchema):  # a bad key or value while composing: one line
+        main()

@@ -5,24 +5,25 @@ Results go to stdout (the table) and ``out``; progress and diagnostics to stderr
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
-from collections.abc import Callable
 
 from omegaconf import DictConfig
 
+from minigpt.config import EvalCommandSchema, settings_problems, typed
 from minigpt.errors import UserError
 
-TASKS = ("hellaswag", "harness")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 
-
-def run(cfg: DictConfig, out=None) -> dict:
+def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
     """Score the model ``cfg`` names on ``cfg.task``; print the table to ``out`` (stdout), write
-    ``cfg.out``; return what was written."""
+    ``cfg.out``; return what was written. ``cfg``: the typed config (a composed one is
+    converted)."""
+    from minigpt.devices import check_device
+
     out = out or sys.stdout
+    cfg = typed(cfg, EvalCommandSchema)
     _check_options(cfg)
+    check_device(cfg.device)  # before the items and the model are read
     if cfg.task == "hellaswag":  # read the items before the model: a bad file fails at once
         from minigpt.eval.hellaswag import load_items
 
@@ -62,31 +63,17 @@ def hellaswag_table(result: dict) -> str:
 
 
 def _load(cfg: DictConfig):
-    """``(model, tokenizer, source, device, autocast)``: the model on its device, and the
-    autocast its forward passes run in (``None``: float32)."""
-    import torch
+    """``(model, tokenizer, source, device, autocast)``: the model on its device with float32
+    weights, and the autocast its forward passes run in to compute in ``cfg.dtype`` (``None``:
+    float32), as training's evaluation does under mixed precision."""
+    from minigpt.inference import load_for_inference
 
-    from minigpt.checkpoint import load_model
-
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" \
-        else str(cfg.device)
-    on_gpu = device.startswith("cuda")
-    dtype = cfg.dtype
-    if dtype == "auto":
-        dtype = "bfloat16" if on_gpu and torch.cuda.is_bf16_supported() else "float32"
-    model, tokenizer, source = load_model(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root)
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise UserError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens but the "
-                        f"model only {model.config.vocab_size}")
-    model.to(device)
-    if on_gpu:
-        torch.set_float32_matmul_precision("high")
-    autocast: Callable[[], contextlib.AbstractContextManager] | None = None
-    if dtype != "float32":
-        autocast = lambda: torch.autocast(device.split(":")[0], getattr(torch, dtype))  # noqa: E731
-    print(f"{source}: {model.num_params() / 1e6:.2f}M parameters, tokenizer {tokenizer.name!r}, "
-          f"context {model.config.context_length}, {device} {dtype}", file=sys.stderr, flush=True)
-    return model, tokenizer, source, device, autocast
+    loaded = load_for_inference(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root,
+                                device=cfg.device, dtype=cfg.dtype)
+    loaded.place(cast_weights=False)
+    print(loaded.describe(), file=sys.stderr, flush=True)
+    autocast = loaded.autocast if loaded.dtype_name != "float32" else None
+    return loaded.model, loaded.tokenizer, loaded.source, loaded.device, autocast
 
 
 def _task_list(tasks) -> list[str]:
@@ -99,19 +86,9 @@ def _task_list(tasks) -> list[str]:
     return names
 
 
-def _check_options(cfg: DictConfig) -> None:
-    problems = []
-    if cfg.task not in TASKS:
-        problems.append(f"task={cfg.task!r} must be one of {TASKS}")
-    if cfg.dtype not in DTYPES:
-        problems.append(f"dtype={cfg.dtype!r} must be one of {DTYPES}")
-    for name, low in (("batch_size", 1), ("max_gen_toks", 1)):
-        value = cfg[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            problems.append(f"{name}={value!r} must be an integer >= {low}")
-    if cfg.limit is not None and (isinstance(cfg.limit, bool) or not isinstance(cfg.limit, int)
-                                  or cfg.limit < 1):
-        problems.append(f"limit={cfg.limit!r} must be a positive integer or null (all)")
+def _check_options(cfg: EvalCommandSchema) -> None:
+    """Every bad value at once: the schema's types and rules, then the rules across fields."""
+    problems = settings_problems(cfg)
     if cfg.ckpt_path is not None and cfg.pretrained is not None:
         problems.append("give ckpt_path or pretrained, not both")
     if cfg.task == "hellaswag" and cfg.tasks is not None:

@@ -1,8 +1,8 @@
 """HellaSwag inside a training run: what the loop calls, given the ``eval:`` block of
 ``configs/train.yaml`` (``every``, ``limit``, ``path``, ``batch_size``).
 
-The loop checks the block with ``config_problems`` before any work, loads the items once with
-``training_items`` (``None`` when off), and every ``eval.every`` validations logs
+Its values are checked with the rest of the run's config (``minigpt.config.rules``); the loop
+loads the items once with ``training_items`` (``None`` when off), and every ``eval.every`` validations logs
 ``hellaswag_in_training(...)`` to its loggers and ``summary.json``.
 """
 
@@ -11,31 +11,22 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from minigpt.eval.hellaswag import Item, load_items, score_items
+
+if TYPE_CHECKING:
+    from minigpt.config import EvalSchema
 
 EVAL_CACHE = "eval"  # under data_root: where the validation set is downloaded once
 
 
-def config_problems(eval_cfg) -> list[str]:
-    """Every bad value of the ``eval:`` block, one phrase each (empty when all is well)."""
-    problems = []
-    for name, low in (("every", 0), ("batch_size", 1)):
-        value = eval_cfg.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            problems.append(f"eval.{name}={value!r} must be an integer >= {low}")
-    limit = eval_cfg.get("limit")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        problems.append(f"eval.limit={limit!r} must be a positive integer or null (all items)")
-    return problems
-
-
-def training_items(eval_cfg, data_root) -> list[Item] | None:
+def training_items(eval_cfg: EvalSchema, data_root) -> list[Item] | None:
     """The items the run scores (the first ``eval.limit`` of ``eval.path``, or of the
     validation set downloaded once into ``<data_root>/eval``), or ``None`` with ``every: 0``."""
-    if not eval_cfg.get("every"):
+    if not eval_cfg.every:
         return None
-    return load_items(eval_cfg.get("path"), eval_cfg.get("limit"), Path(data_root) / EVAL_CACHE)
+    return load_items(eval_cfg.path, eval_cfg.limit, Path(data_root) / EVAL_CACHE)
 
 
 def hellaswag_in_training(model, tokenizer, items: Sequence[Item], device, batch_size: int = 16,

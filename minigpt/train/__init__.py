@@ -4,7 +4,6 @@
 processes and the global batch, resolved once), ``preflight`` (will a step fit in memory),
 ``launch`` (Lightning Fabric for the plan), ``model_init`` (vocabulary, fresh or pretrained
 weights), ``optim`` (AdamW groups, the LR schedule), ``loop`` (the training loop),
-``checkpoints`` (what one holds, atomic files, resuming), ``sample``, ``interrupt`` (Ctrl-C and
-SIGTERM), ``loggers``, ``rng``, ``resume`` (is a checkpoint this run's to continue), and ``run``
-(``run(cfg)``, what ``train.py`` calls).
+``sample``, ``interrupt`` (Ctrl-C and SIGTERM), ``loggers``, ``rng``, and ``run`` (``run(cfg)``,
+what ``train.py`` calls). Checkpoints (writing, resuming) are ``minigpt.checkpoint``'s.
 """

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from minigpt.devices import has_native_bf16, preferred_dtype
+
 
 def resolve_accelerator(accelerator: str | None) -> str:
     """``cpu`` or ``gpu`` for Lightning's ``auto`` (what Lightning itself picks); other names
@@ -13,34 +15,20 @@ def resolve_accelerator(accelerator: str | None) -> str:
     return "gpu" if accelerator == "cuda" else accelerator
 
 
-def cpu_has_native_bf16() -> bool:
-    """AMX or AVX512-BF16: the CPU multiplies bfloat16 in hardware."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-        if "amx_bf16" in flags or "avx512_bf16" in flags:
-            return True
-    except OSError:
-        pass
-    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool((check and check()) or (amx and amx()))
+# Lightning's name for training in each of the rule's number types (a grad scaler under float16).
+MIXED_PRECISION = {torch.bfloat16: "bf16-mixed", torch.float16: "16-mixed",
+                   torch.float32: "32-true"}
 
 
 def default_precision(accelerator: str) -> str:
-    """Lightning precision for a device: ``bf16-mixed`` where the hardware multiplies bf16
-    natively (Ampere and newer GPUs; CPUs with AMX or AVX512-BF16), ``16-mixed`` (with a grad
-    scaler) on older GPUs, ``32-true`` elsewhere. Emulated bf16 (V100, T4) would run at a
-    fraction of the fp16 tensor-core speed, so it does not count."""
-    accelerator = resolve_accelerator(accelerator)
-    if accelerator == "gpu":
-        if not torch.cuda.is_available():
-            return "32-true"
-        native = torch.cuda.is_bf16_supported(including_emulation=False)
-        return "bf16-mixed" if native else "16-mixed"
-    if accelerator == "cpu":
-        return "bf16-mixed" if cpu_has_native_bf16() else "32-true"
-    return "32-true"
+    """Lightning precision for a device: mixed precision in the one number type that
+    ``minigpt.devices.preferred_dtype`` picks for it (``bf16-mixed`` where the hardware
+    multiplies bf16 natively, ``16-mixed`` on older GPUs), ``32-true`` elsewhere (a GPU
+    accelerator on a machine without one, other accelerators)."""
+    device_type = {"gpu": "cuda", "cpu": "cpu"}.get(resolve_accelerator(accelerator))
+    if device_type is None or (device_type == "cuda" and not torch.cuda.is_available()):
+        return "32-true"
+    return MIXED_PRECISION[preferred_dtype(device_type, has_native_bf16(device_type))]
 
 
 def fsdp_mixed_precision(precision: str):

@@ -7,24 +7,22 @@ from __future__ import annotations
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.strategies import FSDPStrategy
-from omegaconf import DictConfig, OmegaConf
 
+from minigpt.config.schema import FSDPSchema, TrainerSchema
 from minigpt.errors import ConfigError
 from minigpt.model import Block
 from minigpt.train.device import fsdp_mixed_precision
 from minigpt.train.plan import RunPlan
 
 
-def build_fabric(cfg: DictConfig, plan: RunPlan, loggers: list, callbacks=()) -> Fabric:
+def build_fabric(trainer: TrainerSchema, plan: RunPlan, loggers: list, callbacks=()) -> Fabric:
     """The Fabric for ``plan`` (it launches nothing until ``fabric.launch()``). Lightning's own
     checks (no GPU for accelerator=gpu, FSDP on a CPU, an unknown strategy) come back as one
     ``ConfigError`` line."""
-    t = OmegaConf.to_container(cfg.trainer, resolve=True)
     try:
         return Fabric(
-            accelerator=t.get("accelerator", "auto"), devices=t.get("devices", "auto"),
-            num_nodes=t.get("num_nodes", 1),
-            strategy=fsdp_strategy(plan, t.get("fsdp") or {}) if plan.fsdp else plan.strategy,
+            accelerator=trainer.accelerator, devices=trainer.devices, num_nodes=trainer.num_nodes,
+            strategy=fsdp_strategy(plan, trainer.fsdp) if plan.fsdp else plan.strategy,
             precision=plan.precision, loggers=loggers, callbacks=list(callbacks),
         )
     except (ValueError, TypeError, RuntimeError) as e:
@@ -35,14 +33,14 @@ def build_fabric(cfg: DictConfig, plan: RunPlan, loggers: list, callbacks=()) ->
         raise ConfigError(f"trainer: {' '.join(str(e).split())}") from None
 
 
-def fsdp_strategy(plan: RunPlan, fsdp: dict):
+def fsdp_strategy(plan: RunPlan, fsdp: FSDPSchema):
     """One FSDP unit per transformer block; activation checkpointing per block if asked;
     sharded checkpoints (each rank writes its shard, resumable on any number of processes) or
     one full file gathered into rank 0's memory."""
     return FSDPStrategy(
         auto_wrap_policy={Block},
-        activation_checkpointing_policy={Block} if fsdp.get("activation_checkpointing") else None,
-        sharding_strategy=fsdp.get("sharding_strategy", "FULL_SHARD"),
+        activation_checkpointing_policy={Block} if plan.activation_checkpointing else None,
+        sharding_strategy=fsdp.sharding_strategy,
         state_dict_type="sharded" if plan.sharded_checkpoints else "full",
         use_orig_params=True,
         mixed_precision=fsdp_mixed_precision(plan.precision),

@@ -11,9 +11,8 @@ from typing import Any
 
 from lightning.fabric.loggers import CSVLogger, Logger
 from lightning.fabric.utilities import rank_zero_only, rank_zero_warn
-from omegaconf import DictConfig
 
-from minigpt.errors import ConfigError
+from minigpt.config.schema import LoggerSchema
 
 
 def _wandb_logged_in() -> bool:
@@ -27,12 +26,10 @@ def _wandb_logged_in() -> bool:
         return False
 
 
-def build_loggers(logger_cfg: DictConfig, run_dir: Path) -> list[Logger]:
+def build_loggers(logger_cfg: LoggerSchema, run_dir: Path) -> list[Logger]:
     """The loggers for ``logger.type``. Nothing is written until the first thing is logged, so a
     run that fails its checks leaves no log directory behind."""
-    kind = logger_cfg.type
-    if kind not in ("wandb", "csv", "none"):
-        raise ConfigError(f"logger.type={kind!r} must be wandb, csv or none")
+    kind = logger_cfg.type  # one of the three: minigpt.config.rules checks it
     if kind == "none":
         return []
     # Written through at every logging step, so a user watching metrics.csv sees it grow.
@@ -48,7 +45,7 @@ class WandbRun(Logger):
     deprecated argument that wandb warns about on every run, and raises in the middle of training
     when wandb fails to start; this one calls only wandb's public ``init``/``log``."""
 
-    def __init__(self, logger_cfg: DictConfig, run_dir: Path):
+    def __init__(self, logger_cfg: LoggerSchema, run_dir: Path):
         self.cfg, self.run_dir = logger_cfg, Path(run_dir)
         self.run: Any = None
 
@@ -63,14 +60,14 @@ class WandbRun(Logger):
     @rank_zero_only
     def start(self, config: dict) -> str | None:
         """Start the run (one line saying where), or warn and stay inert."""
-        mode = os.environ.get("WANDB_MODE") or self.cfg.get("mode") or (
+        mode = os.environ.get("WANDB_MODE") or self.cfg.mode or (
             "online" if _wandb_logged_in() else "offline")
         try:
             import wandb
 
             self.run = wandb.init(
-                project=self.cfg.project, entity=self.cfg.get("entity"), name=self.cfg.get("name"),
-                tags=list(self.cfg.get("tags") or []), dir=str(self.run_dir), mode=mode,
+                project=self.cfg.project, entity=self.cfg.entity, name=self.cfg.name,
+                tags=list(self.cfg.tags), dir=str(self.run_dir), mode=mode,
                 config=config, settings=wandb.Settings(init_timeout=60, console="off"),
             )
             self.run.summary["run_dir"] = str(self.run_dir)

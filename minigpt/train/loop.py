@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from lightning.fabric import Fabric
@@ -24,10 +24,12 @@ from lightning.fabric.utilities.throughput import Throughput, get_available_flop
 from torch import nn
 from tqdm import tqdm
 
+from minigpt.checkpoint.format import BEST, LAST
+from minigpt.checkpoint.write import CheckpointFiles, training_state
+from minigpt.config import TrainSchema
 from minigpt.data import TokenDataModule
 from minigpt.eval.training import hellaswag_in_training
 from minigpt.model import GPT
-from minigpt.train.checkpoints import BEST, LAST, CheckpointFiles, training_state
 from minigpt.train.interrupt import StopRequest
 from minigpt.train.plan import RunPlan
 from minigpt.train.rng import set_rng_state
@@ -94,35 +96,30 @@ class Progress:
                 "val_loss": self.val_loss}
 
 
-@dataclass
 class Loop:
-    """A run's training loop; ``fit()`` runs it to ``plan.max_steps``."""
+    """A run's training loop; ``fit()`` runs it to ``plan.max_steps``.
 
-    fabric: Fabric
-    plan: RunPlan
-    module: nn.Module  # ModelWithLoss, set up by Fabric
-    optimizers: dict  # name -> optimizer set up by Fabric: "optimizer" (AdamW), "muon"
-    schedulers: dict  # name -> its per-step LR scheduler
-    data: TokenDataModule
-    checkpoints: CheckpointFiles
-    sampler: Sampler
-    tokenizer: dict  # the tokenizer's to_dict(), stored in every checkpoint
-    grad_clip: float | None = None
-    bytes_per_token: float | None = None  # UTF-8 bytes per validation token, for bits per byte
-    peak_flops: float | None = None  # per device, for MFU (known GPUs: Lightning's table)
-    target_val_loss: float | None = None  # report the steps, tokens and time it took
-    stop_at_target: bool = False
-    target: dict | None = None  # what reaching target_val_loss took, once it has
-    eval_items: list | None = None  # HellaSwag items scored every eval_every validations
-    eval_every: int = 0
-    eval_batch_size: int = 16
-    eval_metrics: dict = field(default_factory=dict)  # the latest scores
-    validations: int = 0
-    progress_bar: bool = True
-    progress: Progress = field(default_factory=Progress)
-    pending_rng: dict | None = None  # restored once the training batches are ready
-    stop: StopRequest | None = None
-    lrs: dict = field(default_factory=dict)  # the learning rates of the latest step, by name
+    Collaborators: ``fabric``; ``module`` (``ModelWithLoss``, set up by Fabric); ``optimizers``
+    and ``schedulers`` by name (``"optimizer"``: AdamW, ``"muon"``); ``data``; ``checkpoints``;
+    ``sampler``; ``eval_items`` (HellaSwag items scored every ``eval.every`` validations, or
+    None). Settings: ``plan`` (resolved once, batch included) and ``settings``, the run's typed
+    config. ``bytes_per_token``: UTF-8 bytes per validation token, for bits per byte."""
+
+    def __init__(self, fabric: Fabric, plan: RunPlan, settings: TrainSchema, *,
+                 module: nn.Module, optimizers: dict, schedulers: dict, data: TokenDataModule,
+                 checkpoints: CheckpointFiles, sampler: Sampler, eval_items: list | None = None,
+                 bytes_per_token: float | None = None):
+        self.fabric, self.plan, self.settings = fabric, plan, settings
+        self.module, self.optimizers, self.schedulers = module, optimizers, schedulers
+        self.data, self.checkpoints, self.sampler = data, checkpoints, sampler
+        self.eval_items, self.bytes_per_token = eval_items, bytes_per_token
+        self.progress = Progress()
+        self.target: dict | None = None  # what reaching trainer.target_val_loss took, once it has
+        self.eval_metrics: dict = {}  # the latest scores
+        self.validations = 0
+        self.pending_rng: dict | None = None  # restored once the training batches are ready
+        self.stop: StopRequest | None = None
+        self.lrs: dict = {}  # the learning rates of the latest step, by name
 
     @property
     def model(self) -> GPT:
@@ -141,7 +138,7 @@ class Loop:
     def clip_gradients(self) -> torch.Tensor:
         """Clip the global gradient norm (``optim.grad_clip``; none: inf); return the norm before
         clipping, on the device. ``error_if_nonfinite=True`` would read it back to the host."""
-        max_norm = self.grad_clip or math.inf
+        max_norm = self.settings.optim.grad_clip or math.inf
         if self.plan.fsdp or self.plan.precision.startswith("16"):
             # Fabric's: the norm over all of FSDP's shards; fp16 gradients unscaled first
             # (neither runs with several optimizers).
@@ -168,7 +165,8 @@ class Loop:
                                            self.model.flops_per_token(plan.batch.context_length))
         bar = tqdm(total=plan.max_steps, initial=self.progress.global_step, desc="train",
                    unit="step", dynamic_ncols=True,
-                   disable=not (fabric.is_global_zero and self.progress_bar))
+                   disable=not (fabric.is_global_zero
+                                and self.settings.trainer.enable_progress_bar))
         self.stop = StopRequest(fabric.world_size)
         with self.stop.installed(), bar:
             while self.progress.global_step < plan.max_steps:
@@ -189,7 +187,7 @@ class Loop:
                     clock.restart()  # validation, samples and checkpoints are not training time
                 if self.stop.requested():
                     self.save_and_exit()
-                if self.target is not None and self.stop_at_target:
+                if self.target is not None and self.settings.trainer.stop_at_target:
                     break
         return self.progress
 
@@ -228,7 +226,7 @@ class Loop:
             bar.write(f"step {step}: val/loss {loss:.4f}")
         self.check_target(loss, step)
         self.validations += 1
-        if self.eval_items and self.validations % self.eval_every == 0:
+        if self.eval_items and self.validations % self.settings.eval.every == 0:
             self.evaluate(step)
         self.sample(step)
         best = self.progress.best_val_loss
@@ -249,20 +247,21 @@ class Loop:
         with gathered_parameters(self.module, recurse=True):
             self.eval_metrics = hellaswag_in_training(
                 self.model, self.sampler.tokenizer, self.eval_items, self.fabric.device,
-                batch_size=self.eval_batch_size, autocast=self.fabric.autocast)
+                batch_size=self.settings.eval.batch_size, autocast=self.fabric.autocast)
         self.log(self.eval_metrics, step)
 
     def check_target(self, loss: float, step: int) -> None:
-        """At the first validation at or below ``target_val_loss``: what it took, printed,
-        logged (``target/*``) and kept for ``summary.json``."""
-        if self.target_val_loss is None or self.target is not None or loss > self.target_val_loss:
+        """At the first validation at or below ``trainer.target_val_loss``: what it took,
+        printed, logged (``target/*``) and kept for ``summary.json``."""
+        target = self.settings.trainer.target_val_loss
+        if target is None or self.target is not None or loss > target:
             return
-        self.target = {"val_loss": self.target_val_loss, "reached": loss, "steps": step,
+        self.target = {"val_loss": target, "reached": loss, "steps": step,
                        "tokens": step * self.plan.batch.tokens_per_step,
                        "seconds": round(self.clock.elapsed, 1)}
         self.log({f"target/{k}": float(v) for k, v in self.target.items()
                   if k in ("steps", "tokens", "seconds")}, step)
-        self.fabric.print(f"target val/loss {self.target_val_loss} reached at step {step}: "
+        self.fabric.print(f"target val/loss {target} reached at step {step}: "
                           f"{self.target['tokens']:,} tokens, {self.target['seconds']} s of "
                           "training")
 
@@ -279,7 +278,8 @@ class Loop:
 
     def state(self) -> dict:
         return training_state(self.module, self.optimizers, self.schedulers, self.data,
-                              self.progress.as_dict(), self.model.config.to_dict(), self.tokenizer)
+                              self.progress.as_dict(), self.model.config.to_dict(),
+                              self.sampler.tokenizer.to_dict())
 
     def save_and_exit(self) -> None:
         name, step = self.stop.signal_name, self.progress.global_step
@@ -295,7 +295,7 @@ class Loop:
         not ``measure_flops`` on every run: it needs no traced step, and the two agree (to 0.1%
         for GPT-2 small: both count the full (T, T) square of attention scores)."""
         fabric = self.fabric
-        peak = self.peak_flops
+        peak = self.settings.peak_flops
         if peak is None and fabric.device.type == "cuda":
             half = self.plan.precision.startswith(("bf16", "16"))
             peak = get_available_flops(fabric.device, torch.bfloat16 if half else torch.float32)

@@ -12,6 +12,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from minigpt.config.schema import OptimSchema
 from minigpt.errors import ConfigError
 from minigpt.model import GPT, Block
 from minigpt.train.qkv_split import hand_over_grads, muon_parameters, split_qkv
@@ -52,18 +53,23 @@ def lr_ratio(step: int, *, schedule: str = "cosine", lr: float, **shape) -> floa
     return SCHEDULES[schedule](step, lr, **shape) / lr
 
 
-def schedule_for(optimizer: torch.optim.Optimizer, optim: dict) -> torch.optim.lr_scheduler.LambdaLR:
+def as_optim(optim: OptimSchema | dict) -> OptimSchema:
+    """``optim`` as an ``OptimSchema`` (a dict of its fields is taken too, for scripts)."""
+    return OptimSchema(**optim) if isinstance(optim, dict) else optim
+
+
+def schedule_for(optimizer: torch.optim.Optimizer,
+                 optim: OptimSchema | dict) -> torch.optim.lr_scheduler.LambdaLR:
     """A per-step ``LambdaLR`` of ``optim.schedule``; each group's own learning rate is the peak.
     A partial, so its arguments (not a closure) are inspectable; the step count lives in the
     scheduler's state and comes back on resume."""
-    schedule = optim.get("schedule", "cosine")
-    shape = {"min_lr": optim["min_lr"], "warmup_steps": optim["warmup_steps"],
-             "decay_steps": optim["decay_steps"]}
-    if schedule == "wsd":
-        shape["cooldown_fraction"] = optim["cooldown_fraction"]
+    o = as_optim(optim)
+    shape = {"min_lr": o.min_lr, "warmup_steps": o.warmup_steps, "decay_steps": o.decay_steps}
+    if o.schedule == "wsd":
+        shape["cooldown_fraction"] = o.cooldown_fraction
     # min_lr is given for optim.lr; the ratio makes it the same fraction of every group's peak
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, partial(lr_ratio, schedule=schedule, lr=optim["lr"], **shape))
+        optimizer, partial(lr_ratio, schedule=o.schedule, lr=o.lr, **shape))
 
 
 def param_groups(model: nn.Module, weight_decay: float, exclude: set[int] = frozenset(), *,
@@ -115,33 +121,34 @@ def block_matrices(model: nn.Module) -> list[nn.Parameter]:
     return found
 
 
-def adamw(model: nn.Module, optim: dict, *, fused: bool, exclude: set[int] = frozenset()):
+def adamw(model: nn.Module, optim: OptimSchema, *, fused: bool,
+          exclude: set[int] = frozenset()):
     """AdamW over ``param_groups``. ``fused`` steps all parameters of a group in one kernel; the
     caller decides where that is allowed."""
     return torch.optim.AdamW(
-        param_groups(model, optim["weight_decay"], exclude, embedding_lr=optim.get("embedding_lr"),
-                     head_lr=optim.get("head_lr")), lr=optim["lr"],
-        betas=(optim["beta1"], optim["beta2"]), eps=optim["eps"],
+        param_groups(model, optim.weight_decay, exclude, embedding_lr=optim.embedding_lr,
+                     head_lr=optim.head_lr), lr=optim.lr,
+        betas=(optim.beta1, optim.beta2), eps=optim.eps,
         **({"fused": True} if fused else {}),
     )
 
 
-def build_optimizers(model: nn.Module, optim: dict, *, fused: bool) -> dict:
+def build_optimizers(model: nn.Module, optim: OptimSchema | dict, *, fused: bool) -> dict:
     """``{"optimizer": AdamW}`` for ``optim.name=adamw``; for ``muon`` also ``{"muon": Muon}`` over
     ``block_matrices`` (its own lr, momentum and weight decay; ``muon_split_qkv``: queries, keys
     and values as three matrices, ``minigpt.train.qkv_split``), AdamW keeping the rest."""
-    if optim.get("name", "adamw") != "muon":
+    optim = as_optim(optim)
+    if optim.name != "muon":
         return {"optimizer": adamw(model, optim, fused=fused)}
     muon_class = getattr(torch.optim, "Muon", None)
     if muon_class is None:
         raise ConfigError(f"optim=muon needs torch.optim.Muon (torch 2.9 or later; this is "
                           f"torch {torch.__version__}): upgrade torch or train with optim=adamw")
     matrices = block_matrices(model)
-    splits = split_qkv(model) if optim.get("muon_split_qkv", True) else []
-    muon = muon_class(muon_parameters(matrices, splits), lr=optim["muon_lr"],
-                      weight_decay=optim["muon_weight_decay"],
-                      momentum=optim["muon_momentum"], nesterov=True,
-                      adjust_lr_fn=optim.get("muon_adjust_lr"))
+    splits = split_qkv(model) if optim.muon_split_qkv else []
+    muon = muon_class(muon_parameters(matrices, splits), lr=optim.muon_lr,
+                      weight_decay=optim.muon_weight_decay, momentum=optim.muon_momentum,
+                      nesterov=True, adjust_lr_fn=optim.muon_adjust_lr)
     hand_over_grads(muon, splits)
     rest = adamw(model, optim, fused=fused, exclude={id(p) for p in matrices})
     return {"optimizer": rest, "muon": muon}
@@ -160,7 +167,7 @@ def check_muon_runs(optim_name: str, strategy: str, precision: str) -> None:
                           "gradient scaler for two optimizers); use bf16-mixed or 32-true")
 
 
-def adamw_with_schedule(model: nn.Module, optim: dict, *, fused: bool):
+def adamw_with_schedule(model: nn.Module, optim: OptimSchema | dict, *, fused: bool):
     """AdamW over ``param_groups`` and its per-step schedule (``schedule_for``)."""
-    optimizer = adamw(model, optim, fused=fused)
+    optimizer = adamw(model, as_optim(optim), fused=fused)
     return optimizer, schedule_for(optimizer, optim)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from omegaconf import DictConfig
-
+from minigpt.config import TrainSchema
 from minigpt.errors import ConfigError
 from minigpt.train.device import compile_enabled, default_precision, resolve_accelerator
 
@@ -72,7 +71,9 @@ def batch_plan(tokens_per_step: int | None, accumulate: int, batch_size: int,
 
 @dataclass(frozen=True)
 class RunPlan:
-    """Everything about how a run trains that is derived from the config and the machine."""
+    """Everything about how a run trains that is derived from the config and the machine. The
+    batch needs the number of processes, which Fabric knows once built from the rest:
+    ``resolve_plan`` leaves it out until ``with_world`` adds it, once."""
 
     accelerator: str  # "cpu", "gpu", or another Lightning accelerator name
     precision: str  # Lightning's name: "bf16-mixed", "16-mixed", "32-true", ...
@@ -80,27 +81,27 @@ class RunPlan:
     cpu_speedups: bool  # minigpt.cpu's modules swapped in (CPU runs only)
     strategy: str  # "auto", "ddp", "fsdp", ...
     num_nodes: int
-    batch: BatchPlan
     max_steps: int
     val_every: int  # optimizer steps between validations (and checkpoints)
     log_every: int  # optimizer steps between metric read-backs
     limit_val_batches: int | float | None  # per process: a count, a fraction, or all
     sharded_checkpoints: bool  # FSDP writing one shard per process
     activation_checkpointing: bool  # FSDP recomputing each block in backward
-    configured_tokens_per_step: int | None = None  # data.tokens_per_step, as given
-    configured_accumulate: int = 1  # trainer.accumulate_grad_batches, as given
+    tokens_per_step: int | None  # data.tokens_per_step, as given
+    accumulate: int  # trainer.accumulate_grad_batches, as given
+    batch_size: int  # data.batch_size: the micro-batch of each process
+    context_length: int  # the model's
+    batch: BatchPlan | None = None  # with_world's
 
     @property
     def world_size(self) -> int:
         return self.batch.world_size
 
-    def for_world(self, world_size: int, context_length: int | None = None) -> RunPlan:
-        """The same plan on ``world_size`` processes (and the model's ``context_length``): the
-        batch plan derived again, a ``ConfigError`` when the tokens per step do not divide."""
-        b = self.batch
-        batch = batch_plan(self.configured_tokens_per_step, self.configured_accumulate,
-                           b.batch_size, context_length or b.context_length, world_size)
-        return replace(self, batch=batch)
+    def with_world(self, world_size: int) -> RunPlan:
+        """The plan with its batch for ``world_size`` processes; a ``ConfigError`` when the tokens
+        per step do not divide."""
+        return replace(self, batch=batch_plan(self.tokens_per_step, self.accumulate,
+                                              self.batch_size, self.context_length, world_size))
 
     @property
     def fsdp(self) -> bool:
@@ -112,30 +113,26 @@ class RunPlan:
         return self.cpu_speedups and not self.compile and not self.precision.startswith("16")
 
 
-def resolve_plan(cfg: DictConfig, world_size: int, context_length: int | None = None) -> RunPlan:
-    """The plan for a composed train config on ``world_size`` processes. ``context_length``: the
-    model's, when it differs from ``cfg.model`` (weights from a checkpoint fix it)."""
-    t = cfg.trainer
-    accelerator = resolve_accelerator(t.get("accelerator", "auto"))
-    precision = str(t.get("precision") or default_precision(accelerator))
-    batch = batch_plan(cfg.data.get("tokens_per_step"), t.get("accumulate_grad_batches", 1),
-                       cfg.data.batch_size, context_length or cfg.model.context_length, world_size)
-    strategy = str(t.get("strategy", "auto"))
-    fsdp = t.get("fsdp") or {}
-    return RunPlan(
+def resolve_plan(train: TrainSchema, world_size: int | None = None) -> RunPlan:
+    """The plan for a training config; with ``world_size``, its batch too (``with_world``)."""
+    t = train.trainer
+    accelerator = resolve_accelerator(t.accelerator)
+    plan = RunPlan(
         accelerator=accelerator,
-        precision=precision,
-        compile=compile_enabled(cfg.get("compile", "auto"), accelerator),
-        cpu_speedups=accelerator == "cpu" and cfg.get("cpu_speedups", "auto") is not False,
-        strategy=strategy,
-        num_nodes=int(t.get("num_nodes", 1)),
-        batch=batch,
-        max_steps=int(t.max_steps),
-        val_every=int(t.get("val_check_interval") or t.max_steps),
-        log_every=max(1, int(t.get("log_every_n_steps") or 1)),
-        limit_val_batches=t.get("limit_val_batches"),
-        sharded_checkpoints=strategy == "fsdp" and fsdp.get("state_dict_type", "sharded") == "sharded",
-        activation_checkpointing=bool(fsdp.get("activation_checkpointing")),
-        configured_tokens_per_step=cfg.data.get("tokens_per_step"),
-        configured_accumulate=t.get("accumulate_grad_batches", 1),
+        precision=str(t.precision or default_precision(accelerator)),
+        compile=compile_enabled(train.compile, accelerator),
+        cpu_speedups=accelerator == "cpu" and train.cpu_speedups is not False,
+        strategy=t.strategy,
+        num_nodes=t.num_nodes,
+        max_steps=t.max_steps,
+        val_every=t.val_check_interval,
+        log_every=t.log_every_n_steps,
+        limit_val_batches=t.limit_val_batches,
+        sharded_checkpoints=t.strategy == "fsdp" and t.fsdp.state_dict_type == "sharded",
+        activation_checkpointing=t.fsdp.activation_checkpointing,
+        tokens_per_step=train.data.tokens_per_step,
+        accumulate=t.accumulate_grad_batches,
+        batch_size=train.data.batch_size,
+        context_length=train.model.context_length,
     )
+    return plan if world_size is None else plan.with_world(world_size)

@@ -15,6 +15,7 @@ import contextlib
 from dataclasses import dataclass, fields
 
 from minigpt.errors import ResourceError, first_line
+from minigpt.model import GPTConfig
 
 GiB = 1 << 30
 # Activations each block keeps for backward, in elements per token and per unit of C: LayerNorm
@@ -67,21 +68,22 @@ def num_parameters(n_layer: int, n_embd: int, vocab_size: int, context_length: i
     return vocab_size * C + positions + n_layer * per_block + norm_params + head + tables
 
 
-def estimate_training_memory(model: dict, batch_size: int, *, precision: str = "32-true",
-                             chunked_loss: bool = False, shards: int = 1,
+def estimate_training_memory(model: GPTConfig | dict, batch_size: int, *,
+                             precision: str = "32-true", chunked_loss: bool = False,
+                             shards: int = 1,
                              activation_checkpointing: bool = False) -> MemoryEstimate:
-    """Peak bytes of one forward + backward + AdamW step of a ``GPTConfig`` (as a dict).
+    """Peak bytes of one forward + backward + AdamW step of a ``GPTConfig`` (or a dict of some
+    of its fields, the rest at their defaults).
 
     ``precision``: Lightning's name (``32-true``, ``bf16-mixed``, ``16-mixed``, ``bf16-true``).
     ``shards``: processes that FSDP shards weights, gradients and optimizer state over.
     ``chunked_loss``: the LM-head loss of ``minigpt.cpu`` (no full logits) instead of plain
     cross-entropy on (B, T, V) logits."""
-    L, C, V, T = (model[k] for k in ("n_layer", "n_embd", "vocab_size", "context_length"))
-    kv_fraction = (model.get("num_kv_heads") or model["n_head"]) / model["n_head"]
-    P = num_parameters(L, C, V, T, model.get("position", "learned"), kv_fraction,
-                       norm=model.get("norm", "layernorm"), tie_head=model.get("tie_head", True),
-                       bias=model.get("bias", True), qkv_bias=model.get("qkv_bias", True),
-                       value_embeddings=model.get("value_embeddings", False))
+    m = model if isinstance(model, GPTConfig) else GPTConfig(**model)
+    L, C, V, T = m.n_layer, m.n_embd, m.vocab_size, m.context_length
+    P = num_parameters(L, C, V, T, m.position, m.kv_heads / m.n_head, norm=m.norm,
+                       tie_head=m.tie_head, bias=m.bias, qkv_bias=m.qkv_bias,
+                       value_embeddings=m.value_embeddings)
     mixed, half_weights = precision.endswith("-mixed"), precision.endswith("-true") and \
         not precision.startswith("32") and not precision.startswith("64")
     weight_bytes = 2 if half_weights else 4

@@ -25,16 +25,23 @@ from lightning.fabric.utilities import rank_zero_info, rank_zero_only, rank_zero
 from omegaconf import DictConfig, OmegaConf
 
 from minigpt.checkpoint import MODEL_FILE, find_latest_checkpoint, is_sharded_checkpoint
-from minigpt.config_schema import TrainSchema, check_keys
-from minigpt.consolidate import consolidate
+from minigpt.checkpoint.consolidate import consolidate
+from minigpt.checkpoint.format import LAST
+from minigpt.checkpoint.restore import (
+    ResumePoint,
+    check_resume_matches,
+    read_resume_point,
+    restore,
+)
+from minigpt.checkpoint.write import CheckpointFiles
+from minigpt.config import TrainSchema, typed
 from minigpt.cpu import speed_up_training
 from minigpt.data import DataConfig, TokenDataModule, check_vocab_fits, open_tokens, prepare_dataset
 from minigpt.errors import ConfigError
 from minigpt.eval.training import training_items
 from minigpt.model import GPT
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
-from minigpt.train.checkpoints import LAST, CheckpointFiles, restore
-from minigpt.train.config import check_config, gpt_config
+from minigpt.train.config import check_config
 from minigpt.train.launch import build_fabric
 from minigpt.train.loggers import build_loggers
 from minigpt.train.loop import Loop, ModelWithLoss, Progress
@@ -46,24 +53,26 @@ from minigpt.train.preflight import (
     out_of_memory_as_resource_error,
     vocab_before_data,
 )
-from minigpt.train.resume import ResumePoint, check_resume_matches, read_resume_point
 from minigpt.train.run_dir import check_run_dir_free, remove_unstarted
 from minigpt.train.sample import Sampler, gathered_parameters
 
 log = logging.getLogger(__name__)
 
 
-def run(cfg: DictConfig, run_dir: str | Path | None = None, callbacks: list | tuple = ()) -> dict:
-    """Train as ``cfg`` says; return ``{"run_dir", "last", "best", "val_loss", "steps"}``.
+def run(cfg: TrainSchema | DictConfig, run_dir: str | Path | None = None,
+        callbacks: list | tuple = ()) -> dict:
+    """Train as ``cfg`` says (a ``TrainSchema``, or a composed config, converted once); return
+    ``{"run_dir", "last", "best", "val_loss", "steps"}``.
 
     ``run_dir`` defaults to Hydra's run directory; ``callbacks`` are Fabric callbacks (see
     ``minigpt.train.loop`` for the hooks the loop calls). A failure before the first training
     step leaves nothing behind in ``run_dir``."""
+    train = typed(cfg, TrainSchema)
     run_dir = _run_dir(run_dir).resolve()
-    check_run_dir_free(run_dir, cfg.get("ckpt_path"))  # before anything of ours is written there
+    check_run_dir_free(run_dir, train.ckpt_path)  # before anything of ours is written there
     started = []
     try:
-        return _run(cfg, run_dir, list(callbacks) + [_FirstStep(started)])
+        return _run(train, run_dir, list(callbacks) + [_FirstStep(started)])
     except BaseException:
         if not started and rank_zero_only.rank == 0:
             remove_unstarted(run_dir)
@@ -80,41 +89,39 @@ class _FirstStep:
         self.started.append(True)
 
 
-def _run(cfg: DictConfig, run_dir: Path, callbacks: list) -> dict:
-    check_keys(cfg, TrainSchema)  # keys added with + that no schema has
-    check_config(cfg)
+def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
+    check_config(train)
     quiet_warnings()
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), Path("outputs"))
-    resume = read_resume_point(ckpt_path, cfg.trainer.max_steps) if ckpt_path else None
-    plan = resolve_plan(cfg, world_size=1)
-    fabric = build_fabric(cfg, plan, build_loggers(cfg.logger, run_dir), callbacks)
-    plan = plan.for_world(fabric.world_size)
-    preflight(cfg, plan, resume)  # before the data is prepared: bad sizes fail in seconds
+    ckpt_path = resolve_ckpt_path(train.ckpt_path, Path("outputs"))
+    resume = read_resume_point(ckpt_path, train.trainer.max_steps) if ckpt_path else None
+    plan = resolve_plan(train)
+    fabric = build_fabric(train.trainer, plan, build_loggers(train.logger, run_dir), callbacks)
+    plan = plan.with_world(fabric.world_size)  # the batch plan, once
+    preflight(train, plan, resume)  # before the data is prepared: bad sizes fail in seconds
     fabric.launch()
-    Fabric.seed_everything(cfg.seed, workers=True, verbose=False)
+    Fabric.seed_everything(train.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
-    if cfg.get("threads"):
-        torch.set_num_threads(cfg.threads)
+    if train.threads:
+        torch.set_num_threads(train.threads)
 
-    setup = prepare(cfg, fabric)
+    setup = prepare(train, fabric)
     model_config = setup.model.config.to_dict()
-    plan = plan.for_world(fabric.world_size, setup.model.config.context_length)
     if resume is not None:
         check_resume_matches(resume, model_config, setup.tokenizer.to_dict())
     check_run_fits(plan, model_config)  # again with the exact vocabulary and architecture
     apply_cpu_speedups(setup.model, plan)
     # Same initial weights on every rank (above); from here each rank draws its own dropout masks.
-    Fabric.seed_everything(cfg.seed + fabric.global_rank, workers=True, verbose=False)
-    loop = build_loop(cfg, fabric, plan, setup, run_dir)
+    Fabric.seed_everything(train.seed + fabric.global_rank, workers=True, verbose=False)
+    loop = build_loop(train, fabric, plan, setup, run_dir)
     if resume is not None:
         restored = restore(fabric, resume, loop.module, loop.optimizers, loop.schedulers,
                            setup.data)
         loop.progress = Progress(restored["global_step"], restored["best_val_loss"])
         loop.pending_rng = restored["rng"]
-    start_run_dir(cfg, fabric, setup, plan, run_dir, ckpt_path)
+    start_run_dir(train, fabric, setup, plan, run_dir, ckpt_path)
     status = "failed"  # what the loggers are told: a crash, or an interrupt's exit
     try:
-        with out_of_memory_as_resource_error(cfg):
+        with out_of_memory_as_resource_error(train):
             loop.fit()
         if plan.sharded_checkpoints:
             consolidate_at_end(fabric, run_dir / "checkpoints")
@@ -136,21 +143,20 @@ class Setup:
     data: TokenDataModule
 
 
-def prepare(cfg: DictConfig, fabric: Fabric) -> Setup:
+def prepare(train: TrainSchema, fabric: Fabric) -> Setup:
     """Data first: the model's vocabulary comes from the prepared data's tokenizer. Every rank
     calls this; preparation is locked and idempotent (one prepares, the rest reuse)."""
-    data_cfg = DataConfig.from_any(cfg.data)
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    data_root = Path(cfg.data_root).expanduser().resolve()
+    data_cfg = train.data
+    data_root = Path(train.data_root).expanduser().resolve()
     meta = prepare_dataset(data_cfg, data_root, progress=fabric.is_global_zero)
     tokenizer = tokenizer_from_dict(meta["tokenizer"])
-    vocab = padded_vocab_size(tokenizer.vocab_size, model_cfg.get("vocab_size"))
-    model = init_model(model_cfg, tokenizer, vocab)
+    vocab = padded_vocab_size(tokenizer.vocab_size, train.model.vocab_size)
+    model = init_model(train.model, tokenizer, vocab)
     try:  # the data's own record of its largest token id, against the model's embeddings
         check_vocab_fits(meta, model.config.vocab_size)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    data = TokenDataModule(data_cfg, model.config.context_length, seed=cfg.seed,
+    data = TokenDataModule(data_cfg, model.config.context_length, seed=train.seed,
                            data_root=str(data_root), rank=fabric.global_rank,
                            world_size=fabric.world_size)
     data.pin_memory = fabric.device.type == "cuda"
@@ -158,18 +164,17 @@ def prepare(cfg: DictConfig, fabric: Fabric) -> Setup:
     return Setup(data_cfg, meta, tokenizer, model, data)
 
 
-def preflight(cfg: DictConfig, plan: RunPlan, resume: ResumePoint | None) -> None:
+def preflight(train: TrainSchema, plan: RunPlan, resume: ResumePoint | None) -> None:
     """What can be checked from the config alone, before any heavy work: a resumed checkpoint's
     model against the configured one, and whether a training step fits in memory. A model from
     ``model.init_from`` is only known once built (``run`` checks it then)."""
-    check_muon_runs(cfg.optim.get("name", "adamw"), plan.strategy, plan.precision)
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    if model_cfg.get("init_from"):
+    check_muon_runs(train.optim.name, plan.strategy, plan.precision)
+    if train.model.init_from:
         return
-    vocab = model_cfg.get("vocab_size") or padded_vocab_size(
-        resume.model_config["vocab_size"] if resume else vocab_before_data(cfg.data.tokenizer),
+    vocab = train.model.vocab_size or padded_vocab_size(
+        resume.model_config["vocab_size"] if resume else vocab_before_data(train.data.tokenizer),
         None)
-    model_config = gpt_config(model_cfg, vocab).to_dict()
+    model_config = train.model.gpt_config(vocab).to_dict()
     if resume is not None:
         check_resume_matches(resume, model_config, skip=("vocab_size",))
     check_run_fits(plan, model_config)
@@ -185,41 +190,36 @@ def apply_cpu_speedups(model: GPT, plan: RunPlan) -> list[str]:
     return applied
 
 
-def build_loop(cfg: DictConfig, fabric: Fabric, plan: RunPlan, setup: Setup, run_dir: Path) -> Loop:
+def build_loop(train: TrainSchema, fabric: Fabric, plan: RunPlan, setup: Setup,
+               run_dir: Path) -> Loop:
     """The model wrapped by Fabric (DDP/FSDP, precision), its optimizer and schedule, and the
     loop around them."""
     module = fabric.setup_module(ModelWithLoss(setup.model, plan.compile, fullgraph=not plan.fsdp))
-    optim = OmegaConf.to_container(cfg.optim, resolve=True)
+    optim = train.optim
     # The fused kernel steps all parameters of a group at once. Not under fp16: there the grad
     # scaler must unscale the gradients before they are clipped.
-    fused = optim.get("fused", True) and fabric.device.type in ("cuda", "cpu", "xpu", "mps") \
+    fused = optim.fused and fabric.device.type in ("cuda", "cpu", "xpu", "mps") \
         and not plan.precision.startswith("16")
     optimizers = build_optimizers(module, optim, fused=fused)
     schedulers = {name: schedule_for(o, optim) for name, o in optimizers.items()}
     optimizers = {name: fabric.setup_optimizers(o) for name, o in optimizers.items()}
-    t = cfg.trainer
     # The first process of each machine downloads HellaSwag into the cache; the others read it.
     with fabric.rank_zero_first(local=True):
-        eval_items = training_items(cfg.eval, Path(cfg.data_root).expanduser())
+        eval_items = training_items(train.eval, Path(train.data_root).expanduser())
     return Loop(
-        fabric=fabric, plan=plan, module=module, optimizers=optimizers, schedulers=schedulers,
+        fabric, plan, train, module=module, optimizers=optimizers, schedulers=schedulers,
         data=setup.data, checkpoints=CheckpointFiles(fabric, run_dir / "checkpoints"),
-        sampler=Sampler(setup.tokenizer, run_dir / "samples.txt", cfg.sample, seed=cfg.seed),
-        tokenizer=setup.tokenizer.to_dict(), grad_clip=optim.get("grad_clip"),
+        sampler=Sampler(setup.tokenizer, run_dir / "samples.txt", train.sample, seed=train.seed),
+        eval_items=eval_items,
         bytes_per_token=bytes_per_token(setup.data.directory, setup.meta, setup.tokenizer,
                                         setup.data_cfg.val_tokens),
-        peak_flops=cfg.get("peak_flops"),
-        progress_bar=bool(t.get("enable_progress_bar", True)),
-        target_val_loss=t.get("target_val_loss"), stop_at_target=bool(t.get("stop_at_target")),
-        eval_items=eval_items,
-        eval_every=cfg.eval.every, eval_batch_size=cfg.eval.batch_size,
     )
 
 
-def start_run_dir(cfg: DictConfig, fabric: Fabric, setup: Setup, plan: RunPlan, run_dir: Path,
-                  ckpt_path: str | None) -> None:
+def start_run_dir(train: TrainSchema, fabric: Fabric, setup: Setup, plan: RunPlan,
+                  run_dir: Path, ckpt_path: str | None) -> None:
     """The run directory's config, the loggers' first record, leftovers of a killed run gone."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = OmegaConf.to_container(OmegaConf.structured(train))
     resolved["model"]["vocab_size"] = setup.model.config.vocab_size
     if fabric.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -269,7 +269,8 @@ def finish(fabric: Fabric, loop: Loop, run_dir: Path) -> dict:
         "best": str(best) if best.exists() else None,
         "val_loss": loop.progress.val_loss,
         "steps": loop.progress.global_step,
-        **({"target": loop.target} if loop.target_val_loss is not None else {}),
+        **({"target": loop.target} if loop.settings.trainer.target_val_loss is not None
+           else {}),
         **loop.eval_metrics,
     }
     if fabric.is_global_zero:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from lightning.fabric.utilities import rank_zero_warn
 from torch import nn
 
 from minigpt.sampling import generate
+
+if TYPE_CHECKING:
+    from minigpt.config import SampleSchema
 
 
 @contextlib.contextmanager
@@ -35,7 +39,7 @@ class Sampler:
     """Generates from ``sample.prompt`` with its own seeded generator (the training RNG streams
     are untouched), on every rank (sharded models need all ranks in the forward pass)."""
 
-    def __init__(self, tokenizer, path: str | Path, sample_cfg, seed: int):
+    def __init__(self, tokenizer, path: str | Path, sample_cfg: SampleSchema, seed: int):
         self.tokenizer, self.path, self.cfg, self.seed = tokenizer, Path(path), sample_cfg, seed
         self.rows: list[list] = []  # (step, text) so far, for the loggers' tables
         self.failed = False

@@ -56,23 +56,24 @@ def runs(args) -> int:
 
 def _load_model(args):
     """(model, tokenizer, description) from --pretrained, --ckpt-path, or the newest checkpoint,
-    with the decoding speedups on the CPU (the maps and decoding agree within float32 rounding)."""
-    from minigpt.checkpoint import load_model
+    on --device in --dtype (``minigpt.inference``, as generate.py loads), with the decoding
+    speedups on the CPU (the maps and decoding agree within the weights' rounding)."""
+    from minigpt.inference import load_for_inference
 
     try:
-        model, tokenizer, source = load_model(args.ckpt_path, args.pretrained)
+        loaded = load_for_inference(args.ckpt_path, args.pretrained, device=args.device,
+                                    dtype=args.dtype)
     except FileNotFoundError as e:  # its hint names generate.py's options; name ours
         if args.ckpt_path or args.pretrained:
             raise
         where = str(e).split(";")[0]
         raise FileNotFoundError(f"{where}; train one with `python train.py`, or pass "
                                 "--ckpt-path PATH or --pretrained DIR") from None
-    if args.cpu_speedups != "false":
-        from minigpt.cpu import speed_up_decoding
-
-        applied = speed_up_decoding(model)
-        print(f"cpu speedups: {', '.join(applied) or 'none apply'}", file=sys.stderr)
-    return model, tokenizer, Path(source).name if args.ckpt_path else source
+    applied = loaded.place(cpu_speedups=args.cpu_speedups != "false")
+    print(f"{loaded.describe()}; cpu speedups: {', '.join(applied) or 'none apply'}",
+          file=sys.stderr)
+    source = loaded.source
+    return loaded.model, loaded.tokenizer, Path(source).name if args.ckpt_path else source
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="attention.png", help="PNG to write (default: attention.png)")
     p.add_argument("--cpu-speedups", choices=("auto", "false"), default="auto",
                    help="on the CPU, oneDNN-packed linear weights (minigpt.cpu; default: auto)")
+    p.add_argument("--device", default="auto",
+                   help="cpu, cuda, cuda:N, mps; auto: cuda if there is a GPU (default: auto)")
+    p.add_argument("--dtype", default="auto",
+                   help="the weights' type: float32, bfloat16, float16; auto: bfloat16 where the "
+                        "hardware multiplies it natively, float16 on older GPUs, else float32 "
+                        "(default: auto)")
     p.set_defaults(command=attention)
 
     p = sub.add_parser("runs", help="loss, learning rate and tokens/s of one or more runs")

@@ -1,8 +1,8 @@
-"""minigpt.train.device: precision per device, compile on GPUs."""
+"""minigpt.train.device: precision per device (minigpt.devices' rule), compile on GPUs."""
 
 import torch
 
-from minigpt.train import device
+from minigpt import devices
 from minigpt.train.device import (
     compile_enabled,
     default_precision,
@@ -12,9 +12,9 @@ from minigpt.train.device import (
 
 
 def test_default_precision(monkeypatch):
-    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda: True)
     assert default_precision("cpu") == "bf16-mixed"
-    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda: False)
     assert default_precision("cpu") == "32-true"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert default_precision("gpu") == "32-true"

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from minigpt.config import TrainSchema, typed
 from minigpt.errors import ConfigError
 from minigpt.train.plan import BatchPlan, batch_plan, micro_batches_per_step, resolve_plan
 
@@ -40,18 +41,20 @@ def test_accumulation_given_or_derived():
 
 
 def test_the_plan_resolves_device_settings_and_the_batch_once():
-    plan = resolve_plan(_cfg("trainer.accelerator=cpu", "trainer.precision=32-true",
-                             "data.tokens_per_step=16384", "trainer.val_check_interval=50",
-                             "compile=false"), world_size=1)
+    cpu = ("trainer.accelerator=cpu", "trainer.precision=32-true", "data.tokens_per_step=16384",
+           "trainer.val_check_interval=50", "compile=false")
+    plan = resolve_plan(typed(_cfg(*cpu), TrainSchema), world_size=1)
     assert (plan.accelerator, plan.precision, plan.compile) == ("cpu", "32-true", False)
     assert plan.cpu_speedups and plan.chunked_loss
     assert plan.batch == BatchPlan(32, 256, 2, 1) and plan.val_every == 50
     # the same command on 2 processes: half the micro-batches each, the same tokens per step
-    two = plan.for_world(2)
+    two = plan.with_world(2)
     assert two.batch == BatchPlan(32, 256, 1, 2) and two.batch.tokens_per_step == 16384
     with pytest.raises(ConfigError, match="data.tokens_per_step=16384 is not a multiple"):
-        plan.for_world(3)
-    # a pretrained model's shorter context: accumulation derived again
-    assert plan.for_world(1, context_length=128).batch.accumulate == 4
-    compiled = resolve_plan(_cfg("trainer.accelerator=cpu", "compile=true"), world_size=1)
+        plan.with_world(3)
+    # a shorter context: more micro-batches for the same tokens per step
+    short = typed(_cfg(*cpu, "model.context_length=128"), TrainSchema)
+    assert resolve_plan(short, world_size=1).batch.accumulate == 4
+    compiled = resolve_plan(typed(_cfg("trainer.accelerator=cpu", "compile=true"), TrainSchema),
+                            world_size=1)
     assert compiled.compile and compiled.cpu_speedups and not compiled.chunked_loss

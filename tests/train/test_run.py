@@ -19,6 +19,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from minigpt.checkpoint import CheckpointError, is_sharded_checkpoint, load_checkpoint
+from minigpt.config import TrainSchema, typed
 from minigpt.errors import ConfigError, UserError
 from minigpt.model import GPT, GPTConfig
 from minigpt.tokenizer import get_tokenizer
@@ -118,7 +119,7 @@ def test_wandb_login_detection_and_fallback(tmp_path, monkeypatch, data_root):
 
     monkeypatch.setattr(wandb, "init", broken)
     cfg = tiny_cfg(data_root, "logger=wandb")
-    loggers = build_loggers(cfg.logger, tmp_path)
+    loggers = build_loggers(typed(cfg, TrainSchema).logger, tmp_path)
     with pytest.warns(UserWarning, match="wandb could not start.*no wandb here"):
         assert loggers[1].start({}) is None
     loggers[1].log_metrics({"x": 1.0}, step=1)  # inert: the CSV log still has everything
@@ -134,12 +135,15 @@ def test_cpu_speedups_and_keep_freed_memory_on_cpu_runs_only(data_root, monkeypa
     monkeypatch.setattr(minigpt.train.run, "speed_up_training",
                         lambda *a, **k: calls.append(k) or [])
     model = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=1, n_head=2, n_embd=16))
-    gpu = resolve_plan(tiny_cfg(data_root, "trainer.accelerator=gpu"), world_size=1)
+    def plan(*overrides):
+        return resolve_plan(typed(tiny_cfg(data_root, *overrides), TrainSchema), world_size=1)
+
+    gpu = plan("trainer.accelerator=gpu")
     assert not gpu.cpu_speedups and apply_cpu_speedups(model, gpu) == []
     assert calls == []  # a GPU rank keeps glibc's default allocator and the plain loss
-    apply_cpu_speedups(model, resolve_plan(tiny_cfg(data_root, "compile=true"), world_size=1))
+    apply_cpu_speedups(model, plan("compile=true"))
     assert calls == [{"precision": "32-true", "compiled": True}]
-    off = resolve_plan(tiny_cfg(data_root, "cpu_speedups=false"), world_size=1)
+    off = plan("cpu_speedups=false")
     assert not off.cpu_speedups and not off.chunked_loss
 
 
@@ -283,22 +287,22 @@ def test_init_from_checkpoint_and_hf_directory(tmp_path, data_root):
     cfg = tiny_cfg(data_root, f"model.init_from={summary['last']}", "model.n_layer=5")
     char = get_tokenizer("char", chars="abc")
     with pytest.raises(ConfigError, match="trained with tokenizer"):
-        init_model(dict(cfg.model), char, 64)
+        init_model(typed(cfg, TrainSchema).model, char, 64)
     trained, data_tokenizer, _ = load_checkpoint(summary["last"])
-    model = init_model(dict(cfg.model), data_tokenizer, 128)
+    model = init_model(typed(cfg, TrainSchema).model, data_tokenizer, 128)
     assert model.config.n_layer == 2  # the checkpoint fixes the architecture
     for (k, v), w in zip(model.state_dict().items(), trained.state_dict().values(), strict=True):
         torch.testing.assert_close(v, w, msg=k)
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("optim.lr=-0.001", r"optim.lr=-0.001 must be a number >= 0"),
-    ("data.batch_size=0", r"data.batch_size=0 must be an integer >= 1"),
+    ("optim.lr=-0.001", r"optim.lr=-0.001 must be a positive number"),
+    ("data.batch_size=0", r"data.batch_size=0 must be a positive integer"),
     ("trainer.devices=64", r"trainer.devices=64 but this machine has \d+ CPU"),
     ("model.vocab_size=10", r"model.vocab_size=10 is smaller than the tokenizer's vocabulary"),
     ("model.n_embd=33", r"n_embd=33 must be divisible by n_head=2"),
-    ("threads=0", r"threads=0 must be null or a positive integer"),
-    ("optim.embedding_lr=0", r"optim.embedding_lr=0.0 must be null \(optim.lr\) or a number > 0"),
+    ("threads=0", r"threads=0 must be a positive integer or null"),
+    ("optim.embedding_lr=0", r"optim.embedding_lr=0.0 must be a positive number or null"),
     ("optim.head_lr=0.01", r"optim.head_lr=0.01 needs model.tie_head=false"),
     ("data.tokens_per_step=1000", r"data.tokens_per_step=1000 is not a multiple of data.batch_size "
      r"x context_length x processes = 4 x 32 x 1 = 128; fix: data.tokens_per_step=1024"),
@@ -311,7 +315,7 @@ def test_bad_overrides_fail_before_training(tmp_path, data_root, override, messa
 
 
 def test_several_bad_values_in_one_message(tmp_path, data_root):
-    with pytest.raises(ConfigError, match="optim.lr=-1.*trainer.max_steps=0.*data.batch_size=0"):
+    with pytest.raises(ConfigError, match="data.batch_size=0.*optim.lr=-1.*trainer.max_steps=0"):
         run(tiny_cfg(data_root, "optim.lr=-1", "data.batch_size=0", "trainer.max_steps=0"),
             tmp_path / "run")
 
@@ -334,7 +338,7 @@ def _train_py(tmp_path, *args, timeout=120, script=ROOT / "train.py"):
 def test_cli_bad_override_is_one_line(tmp_path, data_root):
     result = _train_py(tmp_path, f"data_root={data_root}", "optim.lr=-1", "logger=none")
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: bad config: optim.lr=-1.0 must be a number >= 0"
+    assert result.stderr.strip() == "error: bad config: optim.lr=-1.0 must be a positive number"
     assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("*.ckpt"))
 
 
@@ -451,7 +455,7 @@ def test_fsdp_two_cpu_processes_sharded_checkpoints(tmp_path, data_root):
     model, _, _ = load_checkpoint(ckpt_dir / "model.ckpt")
     assert float(sums["0"]) == pytest.approx(
         sum(float(p.detach().double().sum()) for p in model.parameters()), rel=1e-9)
-    from minigpt.consolidate import main as checkpoint_cli
+    from minigpt.checkpoint.consolidate import main as checkpoint_cli
 
     assert checkpoint_cli(["consolidate", str(run_dir), "--out", str(tmp_path / "m.ckpt")]) == 0
     again, _, _ = load_checkpoint(tmp_path / "m.ckpt")

@@ -1,5 +1,5 @@
-"""minigpt.train.checkpoints: files written whole or not at all, ``last`` linked to ``best`` when
-they hold the same state, leftovers of a killed run removed, Lightning-era checkpoints resumed."""
+"""minigpt.checkpoint.write: files written whole or not at all, ``last`` linked to ``best`` when
+they hold the same state, leftovers of a killed run removed."""
 
 import os
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from lightning.fabric import Fabric
 
-from minigpt.train.checkpoints import CheckpointFiles
+from minigpt.checkpoint.write import CheckpointFiles
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_last_links_to_best_and_a_later_write_replaces_the_link(files):
 
 
 def test_a_directory_of_shards_replaces_a_file_and_the_reverse(files, tmp_path):
-    from minigpt.train.checkpoints import _replace
+    from minigpt.checkpoint.write import _replace
 
     shards = tmp_path / "new"
     shards.mkdir()
@@ -58,32 +58,3 @@ def test_a_directory_of_shards_replaces_a_file_and_the_reverse(files, tmp_path):
     _replace(again, target)  # a directory over a directory: the old one is gone
     assert target.is_dir() and not list(target.iterdir())
     assert not [p for p in files.directory.iterdir() if p.name.startswith(".")]
-
-
-def test_lightning_era_checkpoint_resumes(tmp_path, checkpoint_v1):
-    """The Trainer's checkpoint (the text fixture): weights, AdamW state, schedule, data position
-    and RNG come back through ``restore``."""
-    from minigpt.checkpoint import load_checkpoint
-    from minigpt.data import TokenDataModule
-    from minigpt.train.checkpoints import restore
-    from minigpt.train.loop import ModelWithLoss
-    from minigpt.train.optim import adamw_with_schedule
-    from minigpt.train.resume import read_resume_point
-
-    model, _, meta = load_checkpoint(checkpoint_v1)
-    fresh = type(model)(model.config)
-    fabric = Fabric(accelerator="cpu", devices=1)
-    module = fabric.setup_module(ModelWithLoss(fresh))
-    optim = {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 1, "decay_steps": 10,
-             "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.99, "eps": 1e-8}
-    optimizer, scheduler = adamw_with_schedule(module, optim, fused=False)
-    optimizer = fabric.setup_optimizers(optimizer)
-    data = TokenDataModule({"name": "x", "source": "shakespeare", "tokenizer": "char",
-                            "batch_size": 2}, context_length=16, seed=1337, data_root=tmp_path)
-    restored = restore(fabric, read_resume_point(checkpoint_v1, 10), module,
-                       {"optimizer": optimizer}, {"optimizer": scheduler}, data)
-    assert restored["global_step"] == 3 and restored["rng"] is not None
-    for a, b in zip(fresh.parameters(), model.parameters(), strict=True):
-        torch.testing.assert_close(a, b)
-    assert data.start_batch == 3 and scheduler.last_epoch == 3
-    assert all(len(optimizer.state[p]) for p in fresh.parameters())  # Adam moments are back

@@ -1,47 +1,26 @@
-"""The one place that reads a training checkpoint back into a model and its tokenizer.
+"""Reading a checkpoint back: checked to be minigpt's, then rebuilt into a model and tokenizer.
 
-A checkpoint is a plain dict saved with ``torch.save`` (``train.py`` writes it through Lightning
-Fabric). It carries ``checkpoint["minigpt"]`` = ``checkpoint_metadata(...)``: the model config and
-the tokenizer as plain types, so ``torch.load(weights_only=True)`` can read it and nothing else
-(no YAML, no data directory) is needed to rebuild the model. Model weights carry the prefix
-``model.`` (the training module's attribute), never ``_orig_mod.``: under ``model`` in
-``format_version`` 2, under ``state_dict`` in version 1 (written by Lightning's Trainer, still
-read everywhere).
-
-A sharded FSDP checkpoint is a directory: ``torch.distributed.checkpoint`` files with each
-rank's shard of the weights (``model``) and of the optimizer state, plus ``meta.pt`` with
-everything else, our ``minigpt`` metadata included. ``read_sharded_model`` gathers its weights in
-one process; ``minigpt.consolidate`` writes them out as one file that ``generate.py`` reads.
+The reading side of ``minigpt.checkpoint``, part of the core: torch and minigpt's core only, no
+Lightning or Hydra. Files are read with ``safe_load.load_tensors`` (never running code from
+them); the keys and versions it checks are ``format``'s.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from minigpt.checkpoint.format import (
+    METADATA_FILE,
+    METADATA_KEY,
+    MODEL_FILE,
+    MODEL_PREFIX,
+    READABLE_VERSIONS,
+    WEIGHTS_KEYS,
+    is_sharded_checkpoint,
+    model_weights,
+)
+from minigpt.checkpoint.safe_load import CheckpointError, load_tensors
 from minigpt.errors import first_line
-from minigpt.safe_load import CheckpointError, load_tensors
-
-__all__ = ["CheckpointError", "load_tensors", "read_checkpoint", "load_checkpoint", "load_model"]
-
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-METADATA_KEY = "minigpt"
-MODEL_PREFIX = "model."
-WEIGHTS_KEYS = ("model", "state_dict")  # where the weights sit: version 2, version 1
-METADATA_FILE = "meta.pt"  # the non-tensor part of a sharded checkpoint directory
-MODEL_FILE = "model.ckpt"  # the consolidated file, next to a sharded last.ckpt
-
-
-def checkpoint_metadata(model_config: dict, tokenizer: dict) -> dict:
-    """What ``generate.py`` needs to rebuild the model: plain dicts only (weights_only-safe)."""
-    from minigpt import __version__
-
-    return {
-        "format_version": FORMAT_VERSION,
-        "minigpt_version": __version__,
-        "model_config": dict(model_config),
-        "tokenizer": dict(tokenizer),
-    }
 
 
 def read_checkpoint(path, map_location="cpu", *, sharded: bool = False) -> dict:
@@ -60,7 +39,7 @@ def read_checkpoint(path, map_location="cpu", *, sharded: bool = False) -> dict:
     shards = is_sharded_checkpoint(path)
     if shards and not sharded:
         raise CheckpointError(f"{path} is a sharded FSDP checkpoint (a directory); read its model "
-                              f"from {path.parent / 'model.ckpt'}, written at the end of the run "
+                              f"from {path.parent / MODEL_FILE}, written at the end of the run "
                               f"or by `python -m minigpt.checkpoint consolidate {path}`")
     if shards:
         path = path / METADATA_FILE  # the weights are checked when FSDP loads its shards
@@ -90,11 +69,6 @@ def read_checkpoint(path, map_location="cpu", *, sharded: bool = False) -> dict:
         raise CheckpointError(f"{path} has no model weights (no keys starting with "
                               f"{MODEL_PREFIX!r} under {' or '.join(map(repr, WEIGHTS_KEYS))})")
     return checkpoint
-
-
-def model_weights(checkpoint: dict) -> dict | None:
-    """The prefixed weights of a checkpoint of either format version."""
-    return next((checkpoint[k] for k in WEIGHTS_KEYS if isinstance(checkpoint.get(k), dict)), None)
 
 
 def load_checkpoint(path, map_location="cpu", **config_overrides):
@@ -143,11 +117,6 @@ def _with_overrides(path, recorded: dict, overrides: dict) -> dict:
     return {**recorded, **{k: v for k, v in overrides.items() if v is not None}}
 
 
-def is_sharded_checkpoint(path) -> bool:
-    path = Path(path)
-    return path.is_dir() and (path / METADATA_FILE).is_file()
-
-
 def model_file_for(path) -> Path:
     """``path``, or for a sharded checkpoint the ``model.ckpt`` beside it when that was written
     from it or later (else ``path``, whose reader then says how to consolidate)."""
@@ -157,34 +126,6 @@ def model_file_for(path) -> Path:
             model_file.stat().st_mtime >= (path / METADATA_FILE).stat().st_mtime:
         return model_file
     return path
-
-
-def read_sharded_model(path) -> dict:
-    """A checkpoint dict (``model`` with the weights, ``minigpt`` metadata, ``global_step``) from a
-    sharded checkpoint directory of either format version, without the optimizer state."""
-    import warnings
-
-    import torch
-    import torch.distributed.checkpoint as dcp
-
-    from minigpt.model import GPT, GPTConfig
-
-    path = Path(path)
-    meta = load_tensors(path / METADATA_FILE)
-    config = GPTConfig.from_dict(meta[METADATA_KEY]["model_config"])
-    stored = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    with torch.device("meta"):
-        shapes = GPT(config).state_dict()
-    # Only the keys the checkpoint holds (a tied weight may be stored once), as tensors of full
-    # size on the CPU: loading fills them from every rank's shard. The distributed checkpoint
-    # names each one "model.model.<name>" in both format versions.
-    weights = {MODEL_PREFIX + k: torch.empty(v.shape, dtype=v.dtype)
-               for k, v in shapes.items() if f"model.{MODEL_PREFIX}{k}" in stored}
-    with warnings.catch_warnings():  # one process on purpose: torch warns that it assumes so
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single")
-        dcp.load({"model": weights}, checkpoint_id=str(path), no_dist=True)
-    return {"model": weights, METADATA_KEY: meta[METADATA_KEY],
-            "global_step": meta.get("global_step")}
 
 
 def find_latest_checkpoint(root="outputs") -> Path:
@@ -217,11 +158,3 @@ def load_model(ckpt_path=None, pretrained=None, checkpoints_root="outputs"):
     path = model_file_for(path)  # a sharded FSDP checkpoint: the model file consolidated from it
     model, tokenizer, _ = load_checkpoint(path)
     return model, tokenizer, str(path)
-
-
-if __name__ == "__main__":  # python -m minigpt.checkpoint consolidate RUN_DIR
-    import sys
-
-    from minigpt.consolidate import main
-
-    sys.exit(main())

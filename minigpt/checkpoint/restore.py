@@ -1,0 +1,146 @@
+"""Resuming a run: is ``ckpt_path`` a checkpoint this run can continue (told in one line), and
+loading it back into the run's model, optimizers, schedulers and data position.
+
+Before the run is built, ``read_resume_point`` reads the checkpoint's header once (with the same
+reader ``generate.py`` uses) and ``check_resume_matches`` compares it with the run: otherwise
+the mismatch would surface deep inside ``fabric.load`` (a truncated file, a model that does not
+fit the state dict, a step already past ``max_steps``) with a long traceback. ``restore`` then
+loads it through Fabric. Checkpoints written by Lightning's Trainer (``format_version`` 1)
+resume too: their parts sit under other names (``format.LEGACY_KEYS``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from lightning.fabric import Fabric
+
+from minigpt.checkpoint.format import (
+    LEGACY_KEYS,
+    METADATA_KEY,
+    OPTIMIZER_NAMES,
+    is_sharded_checkpoint,
+)
+from minigpt.checkpoint.read import read_checkpoint
+from minigpt.errors import ConfigError
+from minigpt.model import GPTConfig
+
+# Fields a resumed run may change: they do not alter the weights' shapes or meaning.
+CHANGEABLE_ON_RESUME = ("dropout",)
+
+
+@dataclass
+class ResumePoint:
+    """What a checkpoint says about the run it continues, read once: the checks before the run
+    and ``restore`` both use it."""
+
+    path: str
+    step: int
+    model_config: dict
+    tokenizer: dict
+    format_version: int
+    optimizers: frozenset | None  # the optimizers' names in a whole file; None: not known
+
+
+def read_resume_point(path: str, max_steps: int) -> ResumePoint:
+    """Read ``path`` (readable, minigpt's, weights-only) and refuse to resume a run that is
+    already at or past ``max_steps``."""
+    checkpoint = read_checkpoint(path, sharded=True)
+    step = int(checkpoint.get("global_step", 0))
+    if step >= max_steps:
+        raise ConfigError(f"ckpt_path={path} is at step {step}; trainer.max_steps={max_steps}: "
+                          f"raise trainer.max_steps above {step} to continue")
+    meta = checkpoint[METADATA_KEY]
+    try:  # fields added since the checkpoint was written take their defaults, as when loading
+        model_config = GPTConfig.from_dict(meta["model_config"]).to_dict()
+    except ValueError as e:
+        raise ConfigError(f"ckpt_path={path} records a model this minigpt cannot build: {e}") \
+            from None
+    version = int(meta["format_version"])
+    optimizers = None if version < 2 or is_sharded_checkpoint(path) \
+        else frozenset(k for k in OPTIMIZER_NAMES if k in checkpoint)
+    return ResumePoint(str(path), step, model_config, dict(meta["tokenizer"]), version, optimizers)
+
+
+def model_differences(resume: ResumePoint, model_config: dict, *, skip=()) -> list[str]:
+    """``field=<run> here, <checkpoint> in the checkpoint`` for each field that differs."""
+    skip = set(skip) | set(CHANGEABLE_ON_RESUME)
+    fields = sorted((set(model_config) | set(resume.model_config)) - skip)
+    return [f"model.{k}={model_config.get(k)!r} here, {resume.model_config.get(k)!r} in the "
+            "checkpoint" for k in fields if model_config.get(k) != resume.model_config.get(k)]
+
+
+def check_resume_matches(resume: ResumePoint, model_config: dict, tokenizer: dict | None = None,
+                         *, skip=()) -> None:
+    """One line naming every model field (and the tokenizer) that differs from the checkpoint,
+    and the two ways forward."""
+    problems = model_differences(resume, model_config, skip=skip)
+    if tokenizer is not None and tokenizer != resume.tokenizer:
+        problems.append(f"the data's tokenizer is {_describe(tokenizer)} here, "
+                        f"{_describe(resume.tokenizer)} in the checkpoint")
+    if problems:
+        raise ConfigError(
+            f"ckpt_path={resume.path} does not match this run: {'; '.join(problems)}. To resume, "
+            "use the settings it was trained with (drop the overrides that changed them; its run "
+            "directory's config.yaml lists them); to train a new model from its weights, start a "
+            f"new run with model.init_from={resume.path}")
+
+
+def _describe(tokenizer: dict) -> str:
+    return f"{tokenizer.get('name')!r} ({tokenizer.get('vocab_size')} ids)"
+
+
+def restore(fabric: Fabric, resume: ResumePoint, module, optimizers: dict, schedulers: dict,
+            data) -> dict:
+    """Load the checkpoint of ``resume`` (its header read once, before the run was built) into
+    the model, optimizers, schedulers and data position; return the progress (``global_step``,
+    ``best_val_loss``) and this process's RNG state (``rng``, or None for a process the
+    checkpoint had none for), which the loop restores once its batches are ready."""
+    path, stored = Path(resume.path), resume.optimizers
+    legacy = resume.format_version == 1
+    if stored is not None and stored != set(optimizers):
+        raise ConfigError(f"ckpt_path={path} was trained with optimizer(s) {sorted(stored)}, this "
+                          f"run has {sorted(optimizers)}: resume with the optim it was trained "
+                          f"with, or start a new run from its weights with model.init_from={path}")
+    rest = _load_state(fabric, path, legacy, module, optimizers)
+    states = {"optimizer": rest[LEGACY_KEYS["schedulers"]][0]} if legacy else rest["schedulers"]
+    for name, scheduler in schedulers.items():
+        scheduler.load_state_dict(states[name])
+    data.load_state_dict(rest[LEGACY_KEYS["data"] if legacy else "data"])
+    states = rest.get("rng_states") or []
+    rank = fabric.global_rank
+    return {"global_step": int(rest["global_step"]), "best_val_loss": rest.get("best_val_loss"),
+            "rng": states[rank] if rank < len(states) else None}
+
+
+def _load_state(fabric: Fabric, path: Path, legacy: bool, module, optimizers: dict) -> dict:
+    """``fabric.load`` of the model and optimizers (in place); the rest of the checkpoint."""
+    if legacy and not is_sharded_checkpoint(path):
+        return _restore_legacy_file(fabric, path, module, optimizers["optimizer"])
+    if legacy:
+        return fabric.load(path, {"model": module,
+                                  LEGACY_KEYS["sharded_optimizer"]: optimizers["optimizer"]},
+                           strict=False, weights_only=True)
+    try:
+        return fabric.load(path, {"model": module, **optimizers}, strict=False, weights_only=True)
+    except ValueError as e:  # torch.optim: a group's parameter count differs
+        if "parameter group" not in str(e):
+            raise
+        raise ConfigError(f"ckpt_path={path} holds optimizer state for other parameters than "
+                          f"this run's ({e}): resume with the optim settings it was trained "
+                          "with (its run directory's config.yaml; e.g. optim.muon_split_qkv, "
+                          "optim.embedding_lr, optim.head_lr), or start a new run from its "
+                          f"weights with model.init_from={path}") from None
+
+
+def _restore_legacy_file(fabric: Fabric, path: Path, module, optimizer) -> dict:
+    """A whole-file checkpoint of Lightning's Trainer: weights under ``state_dict``, the
+    optimizer state in a one-item list (which ``fabric.load`` does not look into)."""
+    if any(isinstance(m, torch.distributed.fsdp.FullyShardedDataParallel) for m in module.modules()):
+        raise ConfigError(f"ckpt_path={path} was written by an older minigpt as one file; resume it "
+                          "without trainer=fsdp once (its next checkpoint is in today's format)")
+    rest = fabric.load(path, {LEGACY_KEYS["model"]: module}, strict=False, weights_only=True)
+    optimizer.load_state_dict(rest[LEGACY_KEYS["optimizer"]][0])
+    return rest

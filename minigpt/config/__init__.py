@@ -1,0 +1,32 @@
+"""The typed config: schemas (``schema``), value rules and the conversion an entry point does
+once (``rules``), and the one-line reports of a bad key or value (``reports``)."""
+
+from minigpt.config.reports import (
+    ConfigKeyError,
+    added_unknown_keys,
+    check_keys,
+    closest_key,
+    config_errors,
+    describe_config_error,
+    schema_keys,
+    unknown_keys,
+)
+from minigpt.config.rules import settings_problems, train_problems, typed
+from minigpt.config.schema import (
+    EvalCommandSchema,
+    EvalSchema,
+    GenerateSchema,
+    ModelSchema,
+    OptimSchema,
+    PrepareSchema,
+    SampleSchema,
+    TrainerSchema,
+    TrainSchema,
+    register_schemas,
+)
+
+__all__ = ["ConfigKeyError", "EvalCommandSchema", "EvalSchema", "GenerateSchema", "ModelSchema",
+           "OptimSchema", "PrepareSchema", "SampleSchema", "TrainSchema", "TrainerSchema", "added_unknown_keys",
+           "check_keys", "closest_key", "config_errors", "describe_config_error",
+           "register_schemas", "schema_keys", "settings_problems", "train_problems", "typed",
+           "unknown_keys"]

@@ -1,0 +1,117 @@
+"""What a setting's value may be: one table of single-field rules per command (the types come
+from the schemas' annotations), and the few rules that span fields, written out here.
+
+``typed(cfg, Schema)`` is how an entry point turns a composed config into its schema's
+dataclass, once; ``train_problems`` lists every bad value of a training config, one phrase each.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minigpt.config.reports import check_keys
+from minigpt.config.schema import EvalCommandSchema, GenerateSchema, TrainSchema
+from minigpt.data.config import DATA_RULES
+from minigpt.devices import DTYPES
+from minigpt.field_rules import OneOf, Range, Rule, Satisfies, field_problems
+from minigpt.model import GPT_CONFIG_RULES
+
+POSITIVE = Range(0, low_open=True)
+AT_LEAST_0, AT_LEAST_1 = Range(0), Range(1)
+FRACTION = Range(0, 1, high_open=True)  # [0, 1)
+
+
+def _count_or_fraction(value) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) and value >= 1 or isinstance(value, float) and 0 < value <= 1
+
+
+def _under(prefix: str, rules: dict[str, Rule]) -> dict[str, Rule]:
+    return {f"{prefix}.{key}": rule for key, rule in rules.items()}
+
+
+OPTIM_RULES = {
+    "name": OneOf(("adamw", "muon")), "schedule": OneOf(("cosine", "wsd")),
+    "cooldown_fraction": Range(0, 1, low_open=True),
+    "lr": POSITIVE, "min_lr": AT_LEAST_0, "embedding_lr": POSITIVE, "head_lr": POSITIVE,
+    "warmup_steps": AT_LEAST_0, "decay_steps": AT_LEAST_0, "weight_decay": AT_LEAST_0,
+    "beta1": FRACTION, "beta2": FRACTION, "eps": AT_LEAST_0, "grad_clip": AT_LEAST_0,
+    "muon_lr": POSITIVE, "muon_momentum": FRACTION, "muon_weight_decay": AT_LEAST_0,
+    "muon_adjust_lr": OneOf(("original", "match_rms_adamw")),
+}
+TRAINER_RULES = {
+    "num_nodes": AT_LEAST_1, "max_steps": AT_LEAST_1, "val_check_interval": AT_LEAST_1,
+    "log_every_n_steps": AT_LEAST_1, "accumulate_grad_batches": AT_LEAST_1,
+    "target_val_loss": POSITIVE,
+    "limit_val_batches": Satisfies(lambda v: v is None or _count_or_fraction(v),
+                                   "null, a number of batches >= 1, or a fraction in (0, 1]"),
+    "fsdp.sharding_strategy": OneOf(("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD",
+                                     "NO_SHARD")),
+    "fsdp.state_dict_type": OneOf(("sharded", "full")),
+}
+TRAIN_RULES: dict[str, Rule] = {
+    **_under("model", GPT_CONFIG_RULES),
+    **_under("data", DATA_RULES),
+    **_under("optim", OPTIM_RULES),
+    **_under("trainer", TRAINER_RULES),
+    "logger.type": OneOf(("wandb", "csv", "none")),
+    "logger.mode": OneOf(("online", "offline", "disabled")),
+    "sample.max_new_tokens": AT_LEAST_0, "sample.temperature": AT_LEAST_0,
+    "sample.top_k": AT_LEAST_1,
+    "eval.every": AT_LEAST_0, "eval.limit": AT_LEAST_1, "eval.batch_size": AT_LEAST_1,
+    "compile": OneOf(("auto", True, False)), "cpu_speedups": OneOf(("auto", False)),
+    "threads": AT_LEAST_1, "peak_flops": POSITIVE,
+}
+GENERATE_RULES: dict[str, Rule] = {
+    "max_new_tokens": AT_LEAST_0, "num_samples": AT_LEAST_1, "seed": AT_LEAST_0,
+    "cpu_speedups": OneOf(("auto", False)), "dtype": OneOf(DTYPES),
+    "decoder": OneOf(("auto", "eager", "compiled")),
+}
+EVAL_COMMAND_RULES: dict[str, Rule] = {
+    "task": OneOf(("hellaswag", "harness")), "dtype": OneOf(DTYPES),
+    "batch_size": AT_LEAST_1, "max_gen_toks": AT_LEAST_1, "limit": AT_LEAST_1,
+    "num_fewshot": AT_LEAST_0,
+}
+RULES = {TrainSchema: TRAIN_RULES, GenerateSchema: GENERATE_RULES,
+         EvalCommandSchema: EVAL_COMMAND_RULES}
+
+
+def typed(cfg: Any, schema: type):
+    """``cfg`` (a composed ``DictConfig`` or a plain dict) as ``schema``'s dataclass, with its
+    interpolations resolved; an instance of ``schema`` comes back as it is. A key the schema
+    lacks is one ``ConfigKeyError`` line naming the closest valid key."""
+    if isinstance(cfg, schema):
+        return cfg
+    from omegaconf import OmegaConf
+
+    check_keys(cfg, schema)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
+
+
+def settings_problems(settings) -> list[str]:
+    """Every value of a typed command config that does not fit its type or its rule."""
+    return field_problems(settings, RULES[type(settings)])
+
+
+def train_problems(train: TrainSchema) -> list[str]:
+    """Every bad value of a training config, one phrase each: single fields (types and
+    ``TRAIN_RULES``), then the rules that span fields."""
+    return field_problems(train, TRAIN_RULES) + \
+        [f"model.{p}" for p in train.model.spanning_problems()] + \
+        [f"data.{p}" for p in train.data.spanning_problems()] + spanning_problems(train)
+
+
+def spanning_problems(train: TrainSchema) -> list[str]:
+    """The rules of a training config that span fields."""
+    o, t, problems = train.optim, train.trainer, []
+    if isinstance(o.lr, float | int) and isinstance(o.min_lr, float | int) and o.min_lr > o.lr > 0:
+        problems.append(f"optim.min_lr={o.min_lr} must not exceed optim.lr={o.lr}")
+    if o.head_lr is not None and train.model.tie_head:
+        problems.append(f"optim.head_lr={o.head_lr} needs model.tie_head=false (a tied head is "
+                        "the token embedding): set optim.head_lr=null, and optim.embedding_lr "
+                        "for both")
+    if t.stop_at_target and t.target_val_loss is None:
+        problems.append("trainer.stop_at_target=true needs trainer.target_val_loss (the val/loss "
+                        "to stop at): set it, or trainer.stop_at_target=false")
+    return problems

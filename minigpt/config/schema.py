@@ -1,0 +1,235 @@
+"""The typed config: one dataclass per config group and per command, the defaults and a comment
+for each field, declared once here (the model's on ``minigpt.model.GPTConfig``).
+
+Each ``configs/<group>/*.yaml`` names its schema first in its ``defaults:`` (``- schema``; the
+GPT-2 presets ``- /model/schema@model``), Hydra's structured-config schema pattern, so OmegaConf
+checks every key and type while it composes; the YAML files state only what differs from these
+defaults. An entry point turns the composed config into these dataclasses once (``typed``) and
+hands the objects down; ``minigpt.config.rules`` checks their values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from minigpt.data.config import DataConfig
+from minigpt.model import GPTConfig
+
+
+@dataclass
+class ModelSchema(GPTConfig):
+    """``configs/model/*.yaml`` and ``configs/attention/``: ``GPTConfig``'s fields (its defaults
+    are GPT-2 small's) and two of the run's own. Not checked when built (``vocab_size`` may still
+    be null): ``minigpt.config.rules`` checks it with the rest of the run's config."""
+
+    vocab_size: int | None = None  # null: the tokenizer's, padded to a multiple of 64; set to pin
+    name: str = "gpt2_small"  # the preset, named in the run's description
+    init_from: str | None = None  # fine-tune: a Hugging Face GPT-2 directory or one of our .ckpt
+
+    def __post_init__(self):
+        pass  # checked with every other setting (minigpt.train.config.check_config)
+
+    def gpt_config(self, vocab_size: int) -> GPTConfig:
+        """The ``GPTConfig`` to build, with the vocabulary the data gave."""
+        return GPTConfig(**{**{f.name: getattr(self, f.name) for f in fields(GPTConfig)},
+                            "vocab_size": vocab_size})
+
+
+@dataclass
+class DataSchema(DataConfig):
+    """``configs/data/*.yaml``: ``DataConfig``'s fields, not checked when built: a run checks them
+    with the rest of its config, preparation when it takes them (``DataConfig.from_any``)."""
+
+    def __post_init__(self):
+        pass
+
+
+@dataclass
+class OptimSchema:
+    """``configs/optim/*.yaml``: AdamW (or Muon for the blocks' matrices and AdamW for the rest)
+    with linear warmup and a cosine or warmup-stable-decay schedule; the defaults are GPT-2's
+    (nanoGPT's)."""
+
+    name: str = "adamw"  # adamw | muon: Muon for the 2-D matrices inside the blocks
+    schedule: str = "cosine"  # cosine | wsd: warmup, lr held, then a linear cooldown to min_lr
+    cooldown_fraction: float = 0.45  # wsd: the last fraction of decay_steps spent cooling down
+    lr: float = 6.0e-4  # AdamW's peak learning rate
+    min_lr: float = 6.0e-5  # reached at decay_steps; the same fraction of every group's peak
+    embedding_lr: float | None = None  # the token/position embeddings' peak lr; null: lr
+    head_lr: float | None = None  # an untied LM head's peak lr; null: lr
+    warmup_steps: int = 100  # optimizer steps of linear warmup
+    decay_steps: int = "${trainer.max_steps}"  # type: ignore[assignment]  # the schedule's end
+    weight_decay: float = 0.1  # on the linear layers' weight matrices only
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1.0e-8
+    grad_clip: float | None = 1.0  # clip the global gradient norm; 0 or null: off
+    fused: bool = True  # AdamW's fused kernel where the device and precision allow it
+    muon_lr: float = 0.02  # optim=muon: the block matrices' optimizer
+    muon_momentum: float = 0.95  # Nesterov momentum
+    muon_weight_decay: float = 0.0
+    muon_adjust_lr: str | None = "original"  # original: lr x sqrt(max(1, rows/cols));
+    # match_rms_adamw: AdamW-like update sizes
+    muon_split_qkv: bool = True  # queries, keys and values one at a time; false: the fused matrix
+
+
+@dataclass
+class FSDPSchema:
+    """``trainer.fsdp`` (read with ``trainer.strategy=fsdp`` only)."""
+
+    sharding_strategy: str = "FULL_SHARD"  # or SHARD_GRAD_OP, HYBRID_SHARD (multi-node)
+    activation_checkpointing: bool = False  # recompute each Block in backward: less memory
+    state_dict_type: str = "sharded"  # or full: one .ckpt gathered on rank 0
+
+
+@dataclass
+class TrainerSchema:
+    """``configs/trainer/*.yaml``: where and how long to train."""
+
+    accelerator: str = "auto"  # auto | cpu | gpu (Lightning's names)
+    devices: Any = "auto"  # auto, a count, or a list of device indices
+    num_nodes: int = 1
+    strategy: str = "auto"  # auto | ddp | fsdp
+    precision: str | None = None  # null: bf16-mixed where bf16 is native, 16-mixed on older GPUs,
+    # else 32-true
+    max_steps: int = 800  # optimizer steps
+    val_check_interval: int = 200  # optimizer steps between validations (and checkpoints)
+    limit_val_batches: Any = None  # null: the whole validation budget; a count or a fraction
+    accumulate_grad_batches: int = 1  # micro-batches per step; derived from data.tokens_per_step
+    log_every_n_steps: int = 10
+    enable_progress_bar: bool = True
+    target_val_loss: float | None = None  # report steps, tokens, time to the first val <= this
+    stop_at_target: bool = False  # and stop there (needs target_val_loss)
+    fsdp: FSDPSchema = field(default_factory=FSDPSchema)
+
+
+@dataclass
+class LoggerSchema:
+    """``configs/logger/*.yaml``: ``type`` and, for wandb, where the run goes."""
+
+    type: str = "csv"  # wandb | csv | none
+    project: str = "minigpt"
+    entity: str | None = None
+    name: str | None = None
+    tags: list[str] = field(default_factory=list)
+    mode: str | None = None  # online | offline | disabled; null: online when logged in
+
+
+@dataclass
+class SampleSchema:
+    """``sample:`` in ``configs/train.yaml``: the text generated after each validation."""
+
+    prompt: str = "\n"
+    max_new_tokens: int = 200  # 0: no samples
+    temperature: float = 0.8
+    top_k: int | None = None
+
+
+@dataclass
+class EvalSchema:
+    """``eval:`` of ``configs/train.yaml``: HellaSwag at validations (``minigpt.eval``)."""
+
+    every: int = 0  # every N validations; 0: off
+    limit: int | None = 1000  # the first N items; null: all
+    path: str | None = None  # a HellaSwag jsonl file; null: the validation set, downloaded once
+    batch_size: int = 16  # items per forward pass (four rows each)
+
+
+@dataclass
+class TrainSchema:
+    """``configs/train.yaml``'s own keys; the groups bring theirs."""
+
+    model: ModelSchema = field(default_factory=ModelSchema)
+    data: DataSchema = field(default_factory=lambda: DataSchema(name="shakespeare_char"))
+    optim: OptimSchema = field(default_factory=OptimSchema)
+    trainer: TrainerSchema = field(default_factory=TrainerSchema)
+    logger: LoggerSchema = field(default_factory=LoggerSchema)
+    sample: SampleSchema = field(default_factory=SampleSchema)
+    eval: EvalSchema = field(default_factory=EvalSchema)
+    seed: int = 1337
+    compile: Any = "auto"  # auto (on GPUs) | true | false
+    ckpt_path: str | None = None  # resume: last (the newest outputs/**/last.ckpt) or a path
+    data_root: str = "data"  # prepared token files live in <data_root>/<data.name>/
+    peak_flops: float | None = None  # device peak FLOP/s for MFU where not known
+    threads: int | None = None  # CPU threads per process; null: torch's default
+    cpu_speedups: Any = "auto"  # auto | false
+
+
+@dataclass
+class PrepareSchema:
+    """``configs/prepare.yaml`` (``python -m minigpt.data``)."""
+
+    data: DataSchema = field(default_factory=lambda: DataSchema(name="shakespeare_char"))
+    data_root: str = "data"
+
+
+@dataclass
+class GenerateSchema:
+    """``configs/generate.yaml`` (``generate.py``)."""
+
+    ckpt_path: str | None = None
+    checkpoints_root: str = "outputs"
+    pretrained: str | None = None
+    prompt: str = ""
+    prompt_file: str | None = None
+    prompts: str | None = None  # @file.txt: one prompt per line, sampled as one batch
+    max_new_tokens: int = 500
+    temperature: float = 0.8
+    top_k: int | None = 200
+    top_p: float | None = None
+    num_samples: int = 1
+    seed: int = 1337
+    device: str = "auto"
+    dtype: str = "auto"
+    decoder: str = "auto"
+    cpu_speedups: Any = "auto"  # auto | false
+    stream: bool | None = None
+    stop_at_eot: bool = True
+    crop_to: int | None = None
+    attention_map: str | None = None
+    attention_layer: Any = 0  # a layer index, or all
+
+
+@dataclass
+class EvalCommandSchema:
+    """``configs/eval.yaml`` (``python -m minigpt.eval``)."""
+
+    task: str = "hellaswag"  # hellaswag | harness (the `harness` first argument sets it)
+    ckpt_path: str | None = None  # a .ckpt file; null: the newest last.ckpt under checkpoints_root
+    checkpoints_root: str = "outputs"
+    pretrained: str | None = None  # a Hugging Face GPT-2 directory instead of a checkpoint
+    path: str | None = None  # HellaSwag items (its jsonl format); null: the validation set
+    cache_dir: str = "data/eval"  # where the validation set is downloaded once
+    limit: int | None = None  # the first N items (harness: per task); null: all
+    batch_size: int = 16  # HellaSwag: items per forward pass (4 rows each); harness: rows
+    out: str | None = None  # write the result as JSON here
+    progress: bool = True  # a progress bar on stderr
+    device: str = "auto"  # auto: cuda if available, else cpu
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    tasks: Any = None  # harness: lm-eval task names (tasks=lambada_openai,arc_easy)
+    num_fewshot: int | None = None  # harness: examples in each prompt; null: each task's default
+    include_path: str | None = None  # harness: a directory of task YAMLs of your own
+    max_gen_toks: int = 256  # harness: tokens generated when a task sets no limit
+
+
+# (group, schema): each group's YAML files start with `defaults: [schema]`.
+GROUP_SCHEMAS = (("model", ModelSchema), ("data", DataSchema), ("optim", OptimSchema),
+                 ("trainer", TrainerSchema), ("logger", LoggerSchema))
+# (name, schema) of the primary configs, named first in train/prepare/generate/eval.yaml.
+PRIMARY_SCHEMAS = (("train_schema", TrainSchema), ("prepare_schema", PrepareSchema),
+                   ("generate_schema", GenerateSchema), ("eval_schema", EvalCommandSchema))
+
+
+def register_schemas() -> None:
+    """Store every schema in Hydra's ``ConfigStore`` (idempotent): ``<group>/schema`` and the
+    primary configs' ``train_schema``, ``prepare_schema``, ``generate_schema``, ``eval_schema``.
+    Entry points call it before composing, as must anything that composes ``configs/`` itself
+    (Hydra's compose API in tests or notebooks)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for group, schema in GROUP_SCHEMAS:
+        store.store(group=group, name="schema", node=schema)
+    for name, schema in PRIMARY_SCHEMAS:
+        store.store(name=name, node=schema)

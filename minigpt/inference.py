@@ -1,0 +1,91 @@
+"""The one inference loader: a training checkpoint or a Hugging Face GPT-2 directory -> a model
+and its tokenizer on a device, in a number type. ``generate.py``, ``python -m minigpt.eval`` and
+``python -m minigpt.viz`` load through here, so ``device=`` and ``dtype=`` mean the same in all.
+
+Two steps, because generate draws attention maps from the float32 model between them:
+``load_for_inference`` checks ``device`` and ``dtype`` (before reading any file) and reads the
+model (float32, on the CPU); ``LoadedModel.place`` puts it on its device in its dtype.
+``dtype=auto`` follows ``minigpt.devices.preferred_dtype``, training's precision rule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from minigpt.checkpoint import load_model
+from minigpt.devices import check_device, inference_dtype
+from minigpt.errors import UserError
+from minigpt.model import GPT
+from minigpt.tokenizer import Tokenizer
+
+
+@dataclass
+class LoadedModel:
+    """A model and its tokenizer read for inference, with where and how it is to run."""
+
+    model: GPT
+    tokenizer: Tokenizer
+    source: str  # the file or directory it came from
+    device: str  # checked to exist on this machine
+    dtype: torch.dtype  # the weights' (``place``) or the autocast's (``place(cast_weights=False)``)
+    applied: list[str] = field(default_factory=list)  # CPU speedups ``place`` applied
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def place(self, cpu_speedups: bool = True, *, cast_weights: bool = True) -> list[str]:
+        """``place_model`` for this model on its device in its dtype: the speedups applied."""
+        self.applied = place_model(self.model, self.device, self.dtype, cpu_speedups,
+                                   cast_weights=cast_weights)
+        return self.applied
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The context a forward pass of float32 weights runs in to compute in ``dtype``."""
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(torch.device(self.device).type, self.dtype)
+
+    def describe(self) -> str:
+        """One line: source, size, tokenizer, context, device and dtype."""
+        return (f"{self.source}: {self.model.num_params() / 1e6:.2f}M parameters, tokenizer "
+                f"{self.tokenizer.name!r}, context {self.model.config.context_length}, "
+                f"{self.device} {self.dtype_name}")
+
+
+def load_for_inference(ckpt_path=None, pretrained=None, checkpoints_root="outputs", *,
+                       device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    """Check ``device`` and ``dtype`` (one ``UserError`` line each), then read the model:
+    ``pretrained`` (a Hugging Face GPT-2 directory), ``ckpt_path`` (a training checkpoint), or
+    the newest ``last.ckpt`` under ``checkpoints_root`` (``minigpt.checkpoint.load_model``).
+    The model comes back float32 on the CPU in eval mode; ``place`` it."""
+    device = check_device(device)
+    weights_dtype = inference_dtype(dtype, device)
+    model, tokenizer, source = load_model(ckpt_path, pretrained, checkpoints_root)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise UserError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens but the "
+                        f"model only {model.config.vocab_size}")
+    return LoadedModel(model, tokenizer, source, device, weights_dtype)
+
+
+def place_model(model: GPT, device: str, dtype: torch.dtype, cpu_speedups: bool = True, *,
+                cast_weights: bool = True) -> list[str]:
+    """Move ``model`` to ``device``. ``cast_weights``: in ``dtype``; on the CPU with
+    ``cpu_speedups`` as oneDNN-packed linear weights instead (float32 activations;
+    ``minigpt.cpu``). Else the weights stay float32 (forward passes run under
+    ``LoadedModel.autocast()``). On a GPU, float32 matmuls that remain use TF32 (this process).
+    Returns the speedups applied."""
+    model.to(device)
+    if device.startswith("cuda"):
+        torch.set_float32_matmul_precision("high")
+    applied = []
+    if cast_weights and cpu_speedups and dtype in (torch.float32, torch.bfloat16):
+        from minigpt.cpu import speed_up_decoding  # a no-op off the CPU
+
+        applied = speed_up_decoding(model, weight_dtype=dtype)
+    if cast_weights and not applied:
+        model.to(dtype)
+    return applied
