@@ -1,9 +1,9 @@
 """Fused MultiHeadAttention vs the book's unfused one, and the attention variants against
 GPT-2's block: forward + backward time and peak memory.
 
-    python bench/attention.py                 # both shapes, all cores, prints a table
-    python bench/attention.py --threads 1 --repeats 20
-    python bench/attention.py --variants      # grouped-query, rope, window at T = 256 .. 2048
+    python -m bench.attention                 # both shapes, all cores, prints a table
+    python -m bench.attention --threads 1 --repeats 20
+    python -m bench.attention --variants      # grouped-query, rope, window at T = 256 .. 2048
 
 Timing: both variants are built in this process and timed interleaved (book, fused, book, ...)
 after warm-up, so machine noise hits both alike; the median of ``--repeats`` steps is reported.
@@ -23,19 +23,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import sys
-from pathlib import Path
+from functools import partial
 
 import torch
-from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from peak_memory import in_subprocess, peak_extra_mib  # noqa: E402
-from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
-
-from minigpt.attention import MultiHeadAttention  # noqa: E402
-from minigpt.cpu import speed_up_training  # noqa: E402
+from bench.peak_memory import in_subprocess, peak_extra_mib
+from bench.timing import (
+    add_timing_arguments,
+    configure_timing,
+    median_ratios,
+    medians,
+    print_header,
+    time_interleaved,
+)
+from minigpt.attention import MultiHeadAttention
+from minigpt.cpu import speed_up_training
+from tests.oracles import BookMultiHeadAttention
 
 SHAPES = {  # name -> (batch, tokens, d_model, heads)
     "8x256x384/6": (8, 256, 384, 6),
@@ -50,38 +53,6 @@ VARIANTS = {  # --variants: name -> MultiHeadAttention keywords, at 768 dims and
     "window256": {"window": 256},
     "rope+window256": {"rope": True, "window": 256},
 }
-
-
-class BookMultiHeadAttention(nn.Module):
-    """The book's chapter-3 layout: three projections, a materialized T x T mask buffer, the
-    softmax over explicit scores."""
-
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__()
-        self.d_out, self.num_heads, self.head_dim = d_out, num_heads, d_out // num_heads
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out)
-        self.dropout = nn.Dropout(dropout)
-        self.register_buffer(
-            "mask", torch.triu(torch.ones(context_length, context_length), diagonal=1)
-        )
-
-    def forward(self, x):
-        b, num_tokens, _ = x.shape
-        keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
-        keys = keys.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
-        queries = queries.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
-        values = values.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
-        attn_scores = queries @ keys.transpose(2, 3)  # (b, nh, T, T)
-        mask_bool = self.mask.bool()[:num_tokens, :num_tokens]
-        attn_scores.masked_fill_(mask_bool, -torch.inf)
-        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
-        attn_weights = self.dropout(attn_weights)
-        context = (attn_weights @ values).transpose(1, 2)
-        context = context.contiguous().view(b, num_tokens, self.d_out)
-        return self.out_proj(context)
 
 
 def build(variant: str, shape: str, seed: int = 0):
@@ -128,16 +99,8 @@ def time_shapes(shape: str, warmup: int, repeats: int) -> dict[str, list[float]]
     """Seconds per forward + backward step, per round, variants interleaved. ``FUSED_MKL`` shows
     how much of the speedup is the fusion and SDPA, and how much oneDNN's GEMM
     (``minigpt.cpu.speed_up_training``)."""
-    runs = {v: build(v, shape) for v in ("book", "fused", FUSED_MKL)}
-    times: dict[str, list[float]] = {v: [] for v in runs}
-    for i in range(warmup + repeats):
-        for variant, (module, x, grad) in runs.items():
-            start = clock()
-            step(module, x, grad)
-            elapsed = clock() - start
-            if i >= warmup:
-                times[variant].append(elapsed)
-    return times
+    runs = {v: partial(step, *build(v, shape)) for v in ("book", "fused", FUSED_MKL)}
+    return time_interleaved(runs, warmup, repeats)
 
 
 def time_cores(shape: str, warmup: int, repeats: int) -> dict[str, list[float]]:
@@ -157,24 +120,18 @@ def time_cores(shape: str, warmup: int, repeats: int) -> dict[str, list[float]]:
     def fused(q, k, v):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    times: dict[str, list[float]] = {"book": [], "fused": []}
-    for i in range(warmup + repeats):
-        for name, core in (("book", book), ("fused", fused)):
-            for t in qkv:
-                t.grad = None
-            start = clock()
-            core(*qkv).backward(grad)
-            if i >= warmup:
-                times[name].append(clock() - start)
-    return times
+    def core_step(core):
+        for t in qkv:
+            t.grad = None
+        core(*qkv).backward(grad)
+
+    return time_interleaved({"book": partial(core_step, book), "fused": partial(core_step, fused)},
+                            warmup, repeats)
 
 
 def _summary(times: dict[str, list[float]]) -> tuple[dict[str, float], dict[str, float]]:
-    """Median time per variant, and per variant the median of per-round book / variant ratios
-    (the steps of a round run back to back, so slow drifts in machine load cancel)."""
-    speedups = {v: statistics.median(b / f for b, f in zip(times["book"], t, strict=True))
-                for v, t in times.items()}
-    return {v: statistics.median(t) for v, t in times.items()}, speedups
+    """Median time per variant, and per variant the median of per-round book / variant ratios."""
+    return medians(times), median_ratios(times, "book")
 
 
 def measure_memory(variant: str, shape: str | int) -> float:
@@ -191,7 +148,7 @@ def measure_memory(variant: str, shape: str | int) -> float:
 
 
 def memory_in_subprocess(variant: str, shape: str | int, threads: int) -> float:
-    return in_subprocess(__file__, ["--measure-memory", variant, "--shape", str(shape),
+    return in_subprocess("bench.attention", ["--measure-memory", variant, "--shape", str(shape),
                                     "--threads", str(threads)])["peak_mib"]
 
 
@@ -214,26 +171,18 @@ def print_variants(args) -> None:
     print_header(f"{'T':>5} {'variant':<15} {'fwd+bwd ms':>10} {'vs gpt2':>8} {'peak MiB':>9} "
                  f"{'mem vs gpt2':>11}")
     for T in args.lengths:
-        runs = {v: build_variant(v, T) for v in VARIANTS}
-        times: dict[str, list[float]] = {v: [] for v in runs}
-        for i in range(args.warmup + args.repeats):
-            for variant, run in runs.items():
-                start = clock()
-                step(*run)
-                if i >= args.warmup:
-                    times[variant].append(clock() - start)
+        runs = {v: partial(step, *build_variant(v, T)) for v in VARIANTS}
+        times = time_interleaved(runs, args.warmup, args.repeats)
         mem = {v: memory_in_subprocess(v, T, args.threads) for v in runs}
-        for variant, t in times.items():
-            ratio = statistics.median(b / v for b, v in zip(times["gpt2"], t, strict=True))
-            print(f"{T:>5} {variant:<15} {statistics.median(t) * 1e3:>10.1f} {ratio:>7.2f}x "
+        ratios = median_ratios(times, "gpt2")
+        for variant, t in medians(times).items():
+            print(f"{T:>5} {variant:<15} {t * 1e3:>10.1f} {ratios[variant]:>7.2f}x "
                   f"{mem[variant]:>9.1f} {mem[variant] / mem['gpt2']:>10.2f}x", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_timing_arguments(parser)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=10)
+    add_timing_arguments(parser, warmup=3, repeats=10)
     parser.add_argument("--shape", action="append",
                         help=f"shape(s) to run, of {', '.join(SHAPES)} (default: all)")
     parser.add_argument("--variants", action="store_true",

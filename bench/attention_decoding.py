@@ -1,8 +1,8 @@
 """Decoding with the attention variants: tokens/s and KV-cache bytes after many cached tokens,
 and the memory of long generations.
 
-    python bench/attention_decoding.py                        # both tables (~5 min, 2 cores)
-    python bench/attention_decoding.py --tables 1 --layers 2 --repeats 1
+    python -m bench.attention_decoding                        # both tables (~5 min, 2 cores)
+    python -m bench.attention_decoding --tables 1 --layers 2 --repeats 1
 
 1. New tokens/s of a GPT-2-small-shaped model (``--layers`` layers) decoding one token at a time
    with ``--cached`` tokens already in the KV cache, 12 (MHA), 4 (GQA) and 1 (MQA) key/value heads,
@@ -12,7 +12,7 @@ and the memory of long generations.
    however long the generation. The same model without the window, for comparison, caches its
    whole context and crops and refills it.
 
-Training-step time and memory of the variants: ``python bench/attention.py --variants``.
+Training-step time and memory of the variants: ``python -m bench.attention --variants``.
 """
 
 from __future__ import annotations
@@ -20,17 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from peak_memory import in_subprocess, peak_extra_mib  # noqa: E402
-from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
-
-from minigpt.model import GPT, GPTConfig  # noqa: E402
-from minigpt.sampling import generate  # noqa: E402
+from bench.peak_memory import in_subprocess, peak_extra_mib
+from bench.timing import add_timing_arguments, clock, configure_timing, print_header
+from minigpt.model import GPT, GPTConfig
+from minigpt.sampling import generate
 
 DECODE_VARIANTS = {"gpt2": None, "gqa4": 4, "mqa": 1}  # name -> num_kv_heads
 LONG = dict(vocab_size=128, context_length=256, n_layer=4, n_head=4, n_embd=256, position="rope")
@@ -83,8 +79,7 @@ def long_generation_memory(variant: str, new_tokens: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_timing_arguments(parser)
-    parser.add_argument("--repeats", type=int, default=5)
+    add_timing_arguments(parser, repeats=5)
     parser.add_argument("--layers", type=int, default=12, help="layers of the decoding model")
     parser.add_argument("--vocab-size", type=int, default=50257)
     parser.add_argument("--cached", type=int, default=1024)
@@ -126,8 +121,8 @@ def print_long_generation_table(args) -> None:
                  f"{'KV cache bytes':>15}")
     for variant in LONG_VARIANTS:
         for multiple in args.long:
-            result = in_subprocess(__file__, ["--generate", variant, str(multiple * ctx),
-                                              "--threads", str(args.threads)])
+            result = in_subprocess("bench.attention_decoding", [
+                "--generate", variant, str(multiple * ctx), "--threads", str(args.threads)])
             print(f"{variant:<14} {multiple * ctx:>10} {multiple:>9} {result['peak_mib']:>9.2f} "
                   f"{result['cache_bytes']:>15,}", flush=True)
 

@@ -1,7 +1,7 @@
 """The attention lab's table and picture: one row per run of ``experiment=attention_variants``.
 
     python train.py -m experiment=attention_variants          # one toy run per attention variant
-    python bench/attention_runs.py outputs/attention_variants/<time> --out attention_runs.png
+    python -m bench.attention_runs outputs/attention_variants/<time> --out attention_runs.png
 
 Give run directories (Hydra's: ``config.yaml``, ``summary.json``, ``checkpoints/last.ckpt`` and a
 CSV or wandb log) or a sweep directory holding them (in the order they finished). Per run:
@@ -25,19 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from attention_decoding import time_decoding  # noqa: E402
-from peak_memory import in_subprocess, peak_extra_mib  # noqa: E402
-
-from minigpt.checkpoint import load_checkpoint  # noqa: E402
-from minigpt.viz.run_plots import TOKENS_PER_SEC, VAL_LOSS, load_run  # noqa: E402
+from bench import runs as lab
+from bench.attention_decoding import time_decoding
+from bench.peak_memory import in_subprocess, peak_extra_mib
+from minigpt.checkpoint import load_checkpoint
+from minigpt.viz.run_plots import TOKENS_PER_SEC, VAL_LOSS, load_run
 
 
 @dataclass
@@ -53,32 +50,6 @@ class Row:
     train_peak_mib: float = float("nan")
 
 
-def expand_runs(paths: list[Path]) -> list[Path]:
-    """Run directories: each path that is one, and the runs inside each path that is a sweep."""
-    runs = []
-    for path in paths:
-        if (path / "summary.json").is_file():
-            runs.append(path)
-            continue
-        inside = sorted((p.parent for p in path.glob("*/summary.json")),
-                        key=lambda d: (d / "summary.json").stat().st_mtime)
-        if not inside:
-            raise FileNotFoundError(f"{path} is neither a finished run (no summary.json) nor a "
-                                    "sweep directory holding finished runs")
-        runs += inside
-    return runs
-
-
-def labelled_runs(parser, run_dirs: list[Path], labels: list[str] | None) -> list[tuple]:
-    """``(run directory, name)`` for the runs in ``run_dirs`` (sweeps expanded); the names are
-    ``labels`` or the directories' names."""
-    run_dirs = expand_runs(run_dirs)
-    labels = labels or [d.name for d in run_dirs]
-    if len(labels) != len(run_dirs):
-        parser.error(f"{len(labels)} labels for {len(run_dirs)} run directories")
-    return list(zip(run_dirs, labels, strict=True))
-
-
 def describe(config) -> str:
     """The attention block of a model config in a few words."""
     parts = [f"{config.kv_heads}/{config.n_head} kv heads", config.position]
@@ -90,12 +61,11 @@ def describe(config) -> str:
 def read_run(run_dir: Path, name: str):
     """(Row without the measured columns, model, run's training batch size, Run of metrics)."""
     model, _, _ = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
-    summary = json.loads((run_dir / "summary.json").read_text())
     run = load_run(run_dir, name)
-    speeds = run.get(TOKENS_PER_SEC)
-    train_tok_s = float(statistics.median(speeds[1][len(speeds[1]) // 2:])) if speeds else None
+    train_tok_s = lab.late_median(run.get(TOKENS_PER_SEC))
     c = model.config
-    row = Row(name, describe(c), model.num_params(), summary.get("val_loss"), train_tok_s,
+    val_loss = lab.summary(run_dir).get("val_loss")
+    row = Row(name, describe(c), model.num_params(), val_loss, train_tok_s,
               kv_bytes_per_token=model.kv_cache_bytes_per_token(torch.float32))
     row.kv_bytes_at_context = row.kv_bytes_per_token * min(c.context_length, c.window or 10**9)
     return row, model, _batch_size(run_dir), run
@@ -147,10 +117,10 @@ def format_table(rows: list[Row], baseline: Row, tolerance: float) -> str:
     for r in rows:
         delta = _delta(r, baseline)
         lines.append(
-            f"| {r.name} | {r.attention} | {r.params / 1e6:.2f}M | {_num(r.val_loss, '.3f')} | "
-            f"{_num(delta, '+.3f')} | {_num(r.train_tok_s, ',.0f')} | "
-            f"{_num(r.decode_tok_s, ',.0f')} | {r.kv_bytes_per_token:,} | "
-            f"{r.kv_bytes_at_context / 1024:,.0f} KiB | {_num(r.train_peak_mib, '.1f')} |")
+            f"| {r.name} | {r.attention} | {r.params / 1e6:.2f}M | {lab.cell(r.val_loss, '.3f')} | "
+            f"{lab.cell(delta, '+.3f')} | {lab.cell(r.train_tok_s, ',.0f')} | "
+            f"{lab.cell(r.decode_tok_s, ',.0f')} | {r.kv_bytes_per_token:,} | "
+            f"{r.kv_bytes_at_context / 1024:,.0f} KiB | {lab.cell(r.train_peak_mib, '.1f')} |")
     misses = [f"{r.name} (+{_delta(r, baseline):.3f})" for r in rows
               if _delta(r, baseline) is not None and _delta(r, baseline) > tolerance]
     lines.append("")
@@ -163,10 +133,6 @@ def _delta(row: Row, baseline: Row) -> float | None:
     if row.val_loss is None or baseline.val_loss is None:
         return None
     return row.val_loss - baseline.val_loss
-
-
-def _num(value, spec: str) -> str:
-    return "-" if value is None or value != value else format(value, spec)
 
 
 def plot(rows: list[Row], runs: list, path: Path) -> None:
@@ -205,16 +171,13 @@ def plot(rows: list[Row], runs: list, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dirs", nargs="*", type=Path, metavar="RUN_DIR")
-    parser.add_argument("--labels", nargs="+", help="names, one per run (default: directory names)")
-    parser.add_argument("--baseline", help="the run val/loss is compared with (default: gpt2)")
+    lab.add_run_arguments(parser, out="attention_runs.png", at_least_one=False)
     parser.add_argument("--tolerance", type=float, default=0.05)
     parser.add_argument("--cached", type=int, help="prompt tokens before decoding (default: "
                         "half the context)")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--out", type=Path, default=Path("attention_runs.png"))
     parser.add_argument("--measure-memory", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -225,9 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.run_dirs:
         parser.error("name at least one run directory")
     rows, models, runs = [], {}, []
-    for run_dir, name in labelled_runs(parser, args.run_dirs, args.labels):
+    for run_dir, name in lab.labelled_runs(parser, args.run_dirs, args.labels):
         row, models[name], batch_size, run = read_run(run_dir, name)
-        row.train_peak_mib = in_subprocess(__file__, [
+        row.train_peak_mib = in_subprocess("bench.attention_runs", [
             "--measure-memory", str(run_dir / "checkpoints" / "last.ckpt"),
             "--batch-size", str(batch_size), "--threads", str(args.threads)])["peak_mib"]
         rows.append(row)
@@ -235,8 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     for row, rate in zip(rows, decode_rates(models, args.cached, args.new_tokens,
                                             args.repeats).values(), strict=True):
         row.decode_tok_s = rate
-    baseline = next((r for r in rows if r.name == (args.baseline or "gpt2")), rows[0])
-    print(format_table(rows, baseline, args.tolerance))
+    print(format_table(rows, lab.baseline_row(rows, args.baseline), args.tolerance))
     plot(rows, runs, args.out)
     print(f"\nwrote {args.out}")
 

@@ -1,9 +1,9 @@
 """HellaSwag scoring speed: items/s of ``minigpt.eval`` against lm-eval's ``HFLM`` scoring the
 same items (each ending after its context, ``loglikelihood``) on the same weights.
 
-    python bench/eval.py --threads 1 --clock cpu   # GPT-2 small, 32 synthetic items; CPU time
-    python bench/eval.py --items 200 --path hellaswag_val.jsonl   # real items, if you have them
-    python bench/eval.py --device cuda --items 10042 --path hellaswag_val.jsonl --ours-only
+    python -m bench.eval --threads 1 --clock cpu   # GPT-2 small, 32 synthetic items; CPU time
+    python -m bench.eval --items 200 --path hellaswag_val.jsonl   # real items, if you have them
+    python -m bench.eval --device cuda --items 10042 --path hellaswag_val.jsonl --ours-only
 
 Random GPT-2-small-sized weights (vocab 50257, float32; ours saved with ``GPT.save_pretrained``,
 loaded by ``transformers.GPT2LMHeadModel`` for HFLM). Without ``--path`` the items are synthetic,
@@ -17,19 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from timing import add_timing_arguments, clock, configure_timing  # noqa: E402
-
-from minigpt.eval.hellaswag import Item, item_scores, read_items  # noqa: E402
-from minigpt.model import GPT, GPTConfig  # noqa: E402
-from minigpt.tokenizer import get_tokenizer  # noqa: E402
+from bench.timing import add_timing_arguments, configure_timing, medians, time_interleaved
+from minigpt.eval.hellaswag import Item, item_scores, read_items
+from minigpt.model import GPT, GPTConfig
+from minigpt.tokenizer import get_tokenizer
 
 
 def synthetic_items(tokenizer, n: int, seed: int = 0) -> list[Item]:
@@ -73,12 +69,11 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=32)
     parser.add_argument("--path", help="a HellaSwag jsonl file (default: synthetic items)")
     parser.add_argument("--batch-size", type=int, default=16, help="items per forward pass")
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="autocast dtype of ours (HFLM runs float32)")
     parser.add_argument("--ours-only", action="store_true", help="skip HFLM (e.g. all items)")
-    add_timing_arguments(parser)
+    add_timing_arguments(parser, repeats=3)
     args = parser.parse_args()
     configure_timing(parser, args)
     torch.manual_seed(0)
@@ -108,28 +103,19 @@ def main() -> None:
             instances, disable_tqdm=True)]
 
     results = {name: run() for name, run in variants.items()}  # warm-up, and the comparison
-    times = {name: [] for name in variants}
-    for _ in range(args.repeats):
-        for name, run in variants.items():
-            if args.device.startswith("cuda"):
-                torch.cuda.synchronize()
-            start = clock()
-            run()
-            if args.device.startswith("cuda"):
-                torch.cuda.synchronize()
-            times[name].append(clock() - start)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else None
+    times = medians(time_interleaved(variants, 0, args.repeats, sync=sync))
 
     print(f"{len(items)} items ({'file ' + args.path if args.path else 'synthetic'}), "
           f"{tokens} tokens in {len(requests)} context + ending rows, batch {args.batch_size} items, "
           f"{args.threads} threads, {args.clock} clock, {args.device}, ours {args.dtype}")
     print(f"{'variant':<14} {'median s':>9} {'items/s':>9}")
-    for name, t in times.items():
-        median = statistics.median(t)
+    for name, median in times.items():
         print(f"{name:<14} {median:>9.3f} {len(items) / median:>9.2f}")
     if len(variants) == 2:
         a, b = results["minigpt.eval"], results["lm-eval HFLM"]
         diff = max(abs(x - y) for x, y in zip(a, b, strict=True))
-        ratio = statistics.median(times["lm-eval HFLM"]) / statistics.median(times["minigpt.eval"])
+        ratio = times["lm-eval HFLM"] / times["minigpt.eval"]
         print(f"minigpt.eval / HFLM items per second: {ratio:.2f}x; "
               f"max |log-likelihood difference| {diff:.2e}")
 

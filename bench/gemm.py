@@ -1,7 +1,7 @@
 """Float32 GEMM speed on this CPU: PyTorch's default (MKL) vs oneDNN (``minigpt.cpu.linear``).
 
-    python bench/gemm.py                 # the model's linear-layer shapes, all cores
-    python bench/gemm.py --threads 1
+    python -m bench.gemm                 # the model's linear-layer shapes, all cores
+    python -m bench.gemm --threads 1
 
 For each (rows, in, out) of the toy and GPT-2-small training steps, times a linear layer's three
 matmuls: forward ``x @ W.T``, input gradient ``dy @ W`` and weight gradient ``dy.T @ x``, with
@@ -17,16 +17,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
-
-from minigpt.cpu.linear import weight_grad  # noqa: E402
-from minigpt.cpu.onednn import available as onednn_available  # noqa: E402
-from minigpt.cpu.onednn import matmul_nt  # noqa: E402
+from bench.timing import add_timing_arguments, clock, configure_timing, print_header
+from minigpt.cpu.linear import weight_grad
+from minigpt.cpu.onednn import available as onednn_available
+from minigpt.cpu.onednn import matmul_nt
 
 SHAPES = {  # rows (batch x tokens), in, out
     "toy qkv": (2048, 384, 1152),

@@ -1,8 +1,8 @@
 """Decoding speed: new tokens/s of greedy generation, ours (KV cache, no cache, bf16 weights) vs
 ``transformers.GPT2LMHeadModel.generate(use_cache=True, do_sample=False)``.
 
-    python bench/generate.py                  # GPT-2 small (124M), 1 thread, ~7 min, a table
-    python bench/generate.py --threads 2 --repeats 7 --nocache-repeats 1
+    python -m bench.generate                  # GPT-2 small (124M), 1 thread, ~7 min, a table
+    python -m bench.generate --threads 2 --repeats 7 --nocache-repeats 1
 
 Workload (issue 5): batch 1, a 16-token prompt, 256 new tokens, greedy, random GPT-2-small-sized
 weights (vocab 50257), float32. Both models hold the same weights (ours is saved with
@@ -21,14 +21,12 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from minigpt.cpu import onednn, speed_up_decoding  # noqa: E402
-from minigpt.model import GPT, GPTConfig  # noqa: E402
-from minigpt.sampling import generate  # noqa: E402
+from minigpt.cpu import onednn, speed_up_decoding
+from minigpt.model import GPT, GPTConfig
+from minigpt.sampling import generate
 
 REF = "ours fp32, KV cache, packed"
 HF = "transformers fp32, use_cache=True"

@@ -1,14 +1,15 @@
 """The GPU path end to end, in one command that prints a table.
 
-    python bench/gpu.py                  # CUDA: GPT-2 small, T=1024, bf16, compile auto
-    python bench/gpu.py --batch 16 --new-tokens 256
-    python bench/gpu.py --self-test      # a tiny config on the CPU in seconds (the default
+    python -m bench.gpu                  # CUDA: GPT-2 small, T=1024, bf16, compile auto
+    python -m bench.gpu --batch 16 --new-tokens 256
+    python -m bench.gpu --self-test      # a tiny config on the CPU in seconds (the default
                                          # without CUDA; the test suite runs it so it never rots)
 
-1. Training step, side by side in this process: our ``GPT`` the way a run trains it (forward and
-   loss compiled together when ``compile: auto`` says so, bf16 autocast, fused AdamW, gradient
-   clipping) and ``transformers.GPT2LMHeadModel`` (SDPA attention, bf16 autocast, forward +
-   cross-entropy compiled alike), same shapes and batch: tokens/s, MFU against the GPU's peak
+1. Training step, side by side in this process, each the training loop's own step
+   (``bench.loop_step``: Fabric bf16-mixed, fused AdamW, gradient clipping, the schedule): our
+   ``GPT`` the way a run trains it (forward and loss compiled together when ``compile: auto``
+   says so) and ``transformers.GPT2LMHeadModel`` (SDPA attention, forward + cross-entropy
+   compiled alike), same shapes and batch: tokens/s, MFU against the GPU's peak
    (Lightning's ``get_available_flops``), the step's peak memory above what stays resident.
    Beside them: our GPT-2 stepped by Muon (``optim=muon``: Muon for the blocks' matrices, AdamW
    for the rest) and ``recipe=modern``'s model and optimizers (read from ``configs/recipe``).
@@ -29,29 +30,28 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from lightning.fabric.utilities.throughput import get_available_flops
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout
-from lightning.fabric.utilities.throughput import get_available_flops  # noqa: E402
-from recipe_configs import recipe  # noqa: E402
+from bench.loop_step import CausalLMWithLoss, loop_step
+from bench.recipe_configs import optim_settings, recipe
+from bench.timing import medians, time_interleaved
+from minigpt.devices import inference_dtype
+from minigpt.inference import place_model
+from minigpt.model import GPT, GPTConfig
+from minigpt.sampling import generate
+from minigpt.static_decoding import StaticDecoder
+from minigpt.train.device import compile_enabled
 
-from minigpt.devices import inference_dtype  # noqa: E402
-from minigpt.inference import place_model  # noqa: E402
-from minigpt.model import GPT, GPTConfig  # noqa: E402
-from minigpt.sampling import generate  # noqa: E402
-from minigpt.static_decoding import StaticDecoder  # noqa: E402
-from minigpt.train.device import compile_enabled  # noqa: E402
-from minigpt.train.optim import build_optimizers  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: configs/, train.py
 
 OPTIM = {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 10, "decay_steps": 1000,
          "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
@@ -95,21 +95,12 @@ def tiny_plan() -> Plan:
 
 # ---- 1. the training step, ours vs transformers ---------------------------------------------
 
-def _train_step(model: torch.nn.Module, loss_fn, plan: Plan, optim: dict = OPTIM):
-    """One optimizer step as the loop runs it under bf16-mixed: autocast, backward, clip, step
-    (each optimizer: AdamW, or Muon and AdamW)."""
-    optimizers = build_optimizers(model, optim, fused=True).values()
-    loss_fn = torch.compile(loss_fn) if plan.compiled else loss_fn
-
-    def step(x, y):
-        with torch.autocast(plan.device.type, dtype=torch.bfloat16):
-            loss = loss_fn(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        for optimizer in optimizers:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    return step
+def _train_step(model: torch.nn.Module, plan: Plan, optim: dict | None = None,
+                fullgraph: bool = True):
+    """The loop's own optimizer step (``bench.loop_step``) under bf16-mixed, the loss compiled
+    when ``plan.compiled``: ``optim`` (default: train.py's AdamW) over ``OPTIM``'s schedule."""
+    return loop_step(model, {**(optim or optim_settings()), **OPTIM}, precision="bf16-mixed",
+                     accelerator=plan.device.type, compile=plan.compiled, fullgraph=fullgraph)
 
 
 def _has_transformers() -> bool:
@@ -140,29 +131,19 @@ def training_steps(plan: Plan, attention: dict) -> dict:
     attends with an explicit (T, T) mask under compile (``attention``: what each side calls, see
     ``attention_calls``), it is also timed with causal SDPA, the kernel ours runs."""
     ours = GPT(plan.config).to(plan.device).train()
-    steps = {"ours": _train_step(ours, ours.loss, plan)}
+    steps = {"ours": _train_step(ours, plan)}
     muon = GPT(plan.config).to(plan.device).train()
-    steps["ours, Muon"] = _train_step(muon, muon.loss, plan, {**recipe("muon")[1], **OPTIM})
+    steps["ours, Muon"] = _train_step(muon, plan, recipe("muon")[1])
     options, optim = recipe("modern")
     modern = GPT(replace(plan.config, **options)).to(plan.device).train()
-    steps["ours, recipe=modern"] = _train_step(modern, modern.loss, plan, {**optim, **OPTIM})
+    steps["ours, recipe=modern"] = _train_step(modern, plan, optim)
     if _has_transformers():
-        hf = _transformers_model(plan.config).to(plan.device).train()
-
-        def hf_loss(x, y):
-            logits = hf(x).logits  # (B, T, V)
-            return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
-
-        steps["transformers"] = _train_step(hf, hf_loss, plan)
+        hf = CausalLMWithLoss(_transformers_model(plan.config).train())
+        steps["transformers"] = _train_step(hf, plan, fullgraph=False)
         if "mask" in attention.get("transformers", ""):
-            causal = _transformers_model(plan.config).to(plan.device).train()
-
-            def causal_loss(x, y):
-                with _sdpa_spy(force_causal=True):
-                    logits = causal(x).logits  # (B, T, V)
-                return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
-
-            steps["transformers, causal SDPA"] = _train_step(causal, causal_loss, plan)
+            causal = CausalLMWithLoss(_transformers_model(plan.config).train(),
+                                      attention=lambda: _sdpa_spy(force_causal=True))
+            steps["transformers, causal SDPA"] = _train_step(causal, plan, fullgraph=False)
     return steps
 
 
@@ -213,23 +194,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_interleaved(runs: dict, plan: Plan, *args, forbid_syncs: tuple = ()) -> dict[str, float]:
+def median_seconds(runs: dict, plan: Plan, *args, forbid_syncs: tuple = ()) -> dict[str, float]:
     """Median seconds per call of each run, called in turn after ``plan.warmup`` calls each.
     ``forbid_syncs``: names of runs whose timed calls raise on CUDA if they read a value back
     to the host (``torch.cuda.set_sync_debug_mode("error")``)."""
-    for run in runs.values():
+    for run in runs.values():  # compilation happens here, where host syncs are allowed
         for _ in range(plan.warmup):
             run(*args)
-    times = {name: [] for name in runs}
-    for _ in range(plan.repeats):
-        for name, run in runs.items():
-            _sync(plan.device)
-            start = time.perf_counter()
-            with _no_syncs(plan.device, name in forbid_syncs):
-                run(*args)
-            _sync(plan.device)
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    timed = {name: partial(_call, run, args, plan.device, name in forbid_syncs)
+             for name, run in runs.items()}
+    return medians(time_interleaved(timed, 0, plan.repeats, sync=partial(_sync, plan.device)))
+
+
+def _call(run, args: tuple, device: torch.device, forbid_syncs: bool) -> None:
+    with _no_syncs(device, forbid_syncs):
+        run(*args)
 
 
 @contextlib.contextmanager
@@ -261,7 +240,7 @@ def training_table(plan: Plan, attention: dict) -> dict:
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randint(0, plan.config.vocab_size, (2, plan.batch, plan.config.context_length),
                          generator=gen).to(plan.device)
-    seconds = time_interleaved(steps, plan, x, y, forbid_syncs=("ours",))
+    seconds = median_seconds(steps, plan, x, y, forbid_syncs=("ours",))
     peak = get_available_flops(plan.device, torch.bfloat16)
     flops_per_token = _flops_per_token(plan.config)  # the same architecture for both
     rows = {}
@@ -331,7 +310,7 @@ def decoding_table(plan: Plan, batches=(1, 8)) -> dict:
                 p, attention_mask=torch.ones_like(p), max_new_tokens=plan.new_tokens,
                 min_new_tokens=plan.new_tokens, do_sample=False, use_cache=True, pad_token_id=0)
         with torch.inference_mode():
-            seconds = time_interleaved(runs, plan)
+            seconds = median_seconds(runs, plan)
         rows[batch] = {name: batch * plan.new_tokens / s for name, s in seconds.items()}
     return rows
 

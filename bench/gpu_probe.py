@@ -1,8 +1,8 @@
 """Where the GPU time goes: decode-step times by batch size, training steps by micro-batch, and a
 ``torch.profiler`` table of each (CUDA only).
 
-    python bench/gpu_probe.py                       # GPT-2 small shapes
-    python bench/gpu_probe.py --out prof/           # also write the profiler tables there
+    python -m bench.gpu_probe                       # GPT-2 small shapes
+    python -m bench.gpu_probe --out prof/           # also write the profiler tables there
 
 ``bench/gpu.py`` answers "how fast, against transformers"; this answers "why": a decode step that
 grows with the batch or the cache (a copy per step), a training step that is not mostly matmuls.
@@ -13,31 +13,21 @@ empty cache, training steps as ``bench/gpu.py`` steps them; medians.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT))  # bench/gpu.py, run from a checkout
-import gpu  # noqa: E402
-
-from minigpt.model import GPT  # noqa: E402
-from minigpt.sampling import generate  # noqa: E402
-from minigpt.static_decoding import StaticDecoder  # noqa: E402
+from bench import gpu
+from bench.timing import medians, time_interleaved
+from minigpt.model import GPT
+from minigpt.sampling import generate
+from minigpt.static_decoding import StaticDecoder
 
 
 def median_ms(run, repeats: int = 5) -> float:
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        run()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    times = time_interleaved({"run": run}, 0, repeats, sync=torch.cuda.synchronize)
+    return 1e3 * medians(times)["run"]
 
 
 def profile_table(run, rows: int = 25) -> str:
@@ -79,7 +69,7 @@ def train_steps(plan: gpu.Plan, batches, out: Path | None) -> None:
     for batch in batches:
         torch._dynamo.reset()
         model = GPT(plan.config).to("cuda").train()
-        step = gpu._train_step(model, model.loss, plan)
+        step = gpu._train_step(model, plan)
         x, y = torch.randint(0, V, (2, batch, T), device="cuda")
         def run(step=step, x=x, y=y):
             step(x, y)
@@ -106,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="a folder for the profiler tables")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench/gpu_probe.py needs a CUDA GPU (bench/gpu.py --self-test runs on the CPU)")
+        print("bench.gpu_probe needs a CUDA GPU (python -m bench.gpu --self-test runs on the CPU)")
         return 2
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

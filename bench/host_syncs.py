@@ -1,7 +1,7 @@
 """Host copies (``aten._local_scalar_dense``: ``.item()``, ``float()``, ``bool()`` on a tensor) of
 a short CPU ``train.py`` run, per micro-batch: the issue-19 counter, measured as a user would.
 
-    python bench/host_syncs.py            # the tiny model, 2 micro-batches per step
+    python -m bench.host_syncs            # the tiny model, 2 micro-batches per step
 
 Two runs in this process that differ only in length (10 and 30 steps, logging every 10, one
 validation at the end): the extra copies of the longer run over its extra micro-batches are what a
@@ -13,7 +13,6 @@ PYTHONPATH pointing there). On a GPU each copy waits for every kernel queued bef
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
@@ -21,11 +20,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from torch.utils._python_dispatch import TorchDispatchMode
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from minigpt.data import prepare_dataset
+from minigpt.train.run import run
 
-from minigpt.data import prepare_dataset  # noqa: E402
-from minigpt.train.run import run  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: configs/, train.py
 
 TINY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.context_length=32",
         "data.batch_size=4", "data.val_tokens=512", "trainer=cpu", "trainer.precision=bf16-mixed",

@@ -25,19 +25,30 @@ def rss_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
+def reset_high_water_mark() -> None:
+    """Restart the kernel's resident-set high-water mark (``VmHWM``) from the current level."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def high_water_mib() -> float:
+    """The resident set's highest level (MiB) since the process started or the last reset."""
+    return rss_kib("VmHWM") / 1024
+
+
 def peak_extra_mib(work: Callable[[], object]) -> float:
     """MiB the resident set rose above its level before ``work()`` at its highest."""
-    baseline = rss_kib("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")
+    baseline = rss_kib("VmRSS") / 1024
+    reset_high_water_mark()
     work()
-    return (rss_kib("VmHWM") - baseline) / 1024
+    return high_water_mib() - baseline
 
 
-def in_subprocess(script: str | Path, args: list[str]) -> dict:
-    """Run ``python script args`` with the fixed mmap threshold; its last stdout line is JSON."""
+def in_subprocess(module: str, args: list[str]) -> dict:
+    """Run ``python -m module args`` with the fixed mmap threshold; its last stdout line is
+    JSON. The child finds ``bench`` as this process did (same working directory and path)."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)}
-    out = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True,
                          text=True)
     if out.returncode != 0:
-        raise RuntimeError(f"{script} {' '.join(args)} failed:\n{out.stderr[-2000:]}")
+        raise RuntimeError(f"{module} {' '.join(args)} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,7 +1,7 @@
 """Preparation throughput: ``prepare_dataset`` (data=shakespeare, GPT-2 BPE) vs a plain loop.
 
-    TIKTOKEN_CACHE_DIR=../shared/tiktoken-cache python bench/prepare.py
-    python bench/prepare.py --repeats 7 --no-memory
+    TIKTOKEN_CACHE_DIR=../shared/tiktoken-cache python -m bench.prepare
+    python -m bench.prepare --repeats 7 --no-memory
 
 Variants, timed interleaved in this process after one warm-up round, median of ``--repeats``:
 - ``loop``: nanoGPT's prepare.py shape: ``enc.encode_ordinary`` per play in one thread, an eot
@@ -37,10 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from minigpt.data import prepare_dataset  # noqa: E402
-from minigpt.data.shakespeare import read_plays  # noqa: E402
-from minigpt.tokenizer import get_tokenizer  # noqa: E402
+from bench.peak_memory import high_water_mib, reset_high_water_mark
+from minigpt.data import prepare_dataset
+from minigpt.data.shakespeare import read_plays
+from minigpt.tokenizer import get_tokenizer
 
 CONFIG = {"name": "shakespeare", "source": "shakespeare", "tokenizer": "gpt2", "val_fraction": 0.1,
           "val_split": "tail"}
@@ -85,25 +85,11 @@ def run(variant: str, docs: list[str]) -> tuple[float, float, int]:
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
-def _reset_peak_rss() -> None:
-    """Linux: restart the VmHWM high-water mark, so imports and BPE loading do not count."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def _peak_rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def measure_memory(variant: str) -> float:
     """Peak RSS (MiB) of a fresh process during its second run of the variant (the first one
     imports and loads everything). With num_proc=2 the map workers' memory is not included."""
-    out = subprocess.run([sys.executable, __file__, "--measure-memory", variant], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, "-m", "bench.prepare", "--measure-memory", variant],
+                         check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_mib"]
 
 
@@ -118,9 +104,9 @@ def main() -> None:
 
     if args.measure_memory:
         run(args.measure_memory, docs)  # once to import and warm up everything
-        _reset_peak_rss()
+        reset_high_water_mark()
         run(args.measure_memory, docs)
-        print(json.dumps({"peak_mib": _peak_rss_mib()}))
+        print(json.dumps({"peak_mib": high_water_mib()}))
         return
 
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}

@@ -1,7 +1,7 @@
 """The recipe lab's table and picture: one row per run of ``experiment=recipe_lab``.
 
     python train.py -m experiment=recipe_lab                  # one toy run per recipe rung
-    python bench/recipe_runs.py outputs/recipe_lab/<time> --out recipe_runs.png
+    python -m bench.recipe_runs outputs/recipe_lab/<time> --out recipe_runs.png
 
 Give run directories or a sweep directory holding them (see ``attention_runs.py``). Per run:
 parameters, final val/loss, the first validated step at or below the baseline's final val/loss
@@ -13,17 +13,12 @@ against the baseline's. The picture: val/loss against steps, and tokens/s per ru
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from attention_runs import labelled_runs  # noqa: E402
-
-from minigpt.checkpoint import load_checkpoint  # noqa: E402
-from minigpt.viz.run_plots import TOKENS_PER_SEC, VAL_LOSS, load_run  # noqa: E402
+from bench import runs as lab
+from minigpt.checkpoint import load_checkpoint
+from minigpt.viz.run_plots import TOKENS_PER_SEC, VAL_LOSS, load_run
 
 
 @dataclass
@@ -56,13 +51,12 @@ class Row:
 
 def read_run(run_dir: Path, name: str) -> Row:
     model, _, _ = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
-    summary = json.loads((run_dir / "summary.json").read_text())
+    result = lab.summary(run_dir)
     run = load_run(run_dir, name)
-    speeds = run.get(TOKENS_PER_SEC)
     val = run.get(VAL_LOSS)
-    return Row(name, model.num_params(), summary.get("val_loss"), int(summary["steps"]),
+    return Row(name, model.num_params(), result.get("val_loss"), int(result["steps"]),
                list(val[0]) if val else [], list(val[1]) if val else [],
-               float(statistics.median(speeds[1][len(speeds[1]) // 2:])) if speeds else None)
+               lab.late_median(run.get(TOKENS_PER_SEC)))
 
 
 def format_table(rows: list[Row], baseline: Row) -> str:
@@ -77,14 +71,11 @@ def format_table(rows: list[Row], baseline: Row) -> str:
         between = crossing / baseline.steps if crossing is not None else None
         slow = baseline.train_tok_s / r.train_tok_s if r.train_tok_s and baseline.train_tok_s \
             else None
-        lines.append(f"| {r.name} | {r.params / 1e6:.2f}M | {_num(r.val_loss, '.4f')} | "
-                     f"{reached if reached else 'not reached'} | {_num(share, '.0%')} | "
-                     f"{_num(between, '.1%')} | {_num(r.train_tok_s, ',.0f')} | {_num(slow, '.2f')}x |")
+        lines.append(f"| {r.name} | {r.params / 1e6:.2f}M | {lab.cell(r.val_loss, '.4f')} | "
+                     f"{reached if reached else 'not reached'} | {lab.cell(share, '.0%')} | "
+                     f"{lab.cell(between, '.1%')} | {lab.cell(r.train_tok_s, ',.0f')} | "
+                     f"{lab.cell(slow, '.2f')}x |")
     return "\n".join(lines)
-
-
-def _num(value, spec: str) -> str:
-    return "-" if value is None or value != value else format(value, spec)
 
 
 def plot(rows: list[Row], path: Path) -> None:
@@ -111,15 +102,10 @@ def plot(rows: list[Row], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
-    parser.add_argument("--labels", nargs="+", help="names, one per run (default: directory names)")
-    parser.add_argument("--baseline", help="the run the others are measured against (default: "
-                        "gpt2)")
-    parser.add_argument("--out", type=Path, default=Path("recipe_runs.png"))
+    lab.add_run_arguments(parser, out="recipe_runs.png")
     args = parser.parse_args(argv)
-    rows = [read_run(d, name) for d, name in labelled_runs(parser, args.run_dirs, args.labels)]
-    baseline = next((r for r in rows if r.name == (args.baseline or "gpt2")), rows[0])
-    print(format_table(rows, baseline))
+    rows = [read_run(d, name) for d, name in lab.labelled_runs(parser, args.run_dirs, args.labels)]
+    print(format_table(rows, lab.baseline_row(rows, args.baseline)))
     plot(rows, args.out)
     print(f"\nwrote {args.out}")
 

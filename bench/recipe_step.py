@@ -1,10 +1,11 @@
 """Time per training step of each recipe rung on the toy model, as a CPU run of train.py
-steps it: the recipe's model with ``minigpt.cpu.speed_up_training`` applied, bf16 autocast (or
-``--precision 32-true``), its optimizers (AdamW, or Muon and AdamW), clipping.
+steps it: the recipe's model with ``minigpt.cpu.speed_up_training`` applied, stepped by the
+training loop's own step (``bench.loop_step``: Fabric bf16-mixed, or ``--precision 32-true``,
+the recipe's optimizers, AdamW or Muon and AdamW, clipping, the schedule).
 
-    python bench/recipe_step.py                       # gpt2 and modern, all cores
-    python bench/recipe_step.py --recipes gpt2 muon blocks modern --threads 1 --clock cpu
-    python bench/recipe_step.py --no-cpu-speedups     # the plain models: what minigpt.cpu buys
+    python -m bench.recipe_step                       # gpt2 and modern, all cores
+    python -m bench.recipe_step --recipes gpt2 muon blocks modern --threads 1 --clock cpu
+    python -m bench.recipe_step --no-cpu-speedups     # the plain models: what minigpt.cpu buys
 
 The rungs are stepped interleaved after warm-up (the compiled blocks compile there), on the same
 batch; medians of ``--repeats`` steps and each rung's time against the first rung's. The lab's
@@ -15,41 +16,34 @@ other load can fall on one run more than another.
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-from pathlib import Path
+from functools import partial
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from recipe_configs import recipe  # noqa: E402
-from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
-
-from minigpt.cpu import speed_up_training  # noqa: E402
-from minigpt.model import GPT, GPTConfig  # noqa: E402
-from minigpt.train.optim import build_optimizers  # noqa: E402
+from bench.loop_step import loop_step
+from bench.recipe_configs import recipe
+from bench.timing import (
+    add_timing_arguments,
+    configure_timing,
+    medians,
+    print_header,
+    time_interleaved,
+)
+from minigpt.cpu import speed_up_training
+from minigpt.model import GPT, GPTConfig
 
 TOY = dict(n_layer=4, n_head=4, n_embd=256, context_length=256, vocab_size=128, dropout=0.0)
 
 
 def rung_step(name: str, precision: str, cpu_speedups: bool = True):
-    """One training step of ``recipe=name`` on the toy model; and what the CPU speedups did."""
+    """The loop's own training step (``bench.loop_step``) of ``recipe=name`` on the toy model;
+    and what the CPU speedups did."""
     options, optim = recipe(name)
     torch.manual_seed(0)
     model = GPT(GPTConfig(**TOY, **options)).train()
     applied = speed_up_training(model, precision=precision, keep_freed_memory=False) \
         if cpu_speedups else []
-    optimizers = build_optimizers(model, optim, fused=True).values()
-    bf16 = precision == "bf16-mixed"
-
-    def step(x, y):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = model.loss(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        for optimizer in optimizers:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+    step = loop_step(model, optim, precision=precision)
     return step, applied
 
 
@@ -60,9 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-cpu-speedups", action="store_true",
                         help="the plain models (as cpu_speedups=false): what minigpt.cpu buys")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=10)
-    add_timing_arguments(parser)
+    add_timing_arguments(parser, warmup=3, repeats=10)
     args = parser.parse_args(argv)
     configure_timing(parser, args)
     steps = {}
@@ -72,19 +64,14 @@ def main(argv: list[str] | None = None) -> None:
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randint(0, TOY["vocab_size"], (2, args.batch, TOY["context_length"]),
                          generator=gen)
-    times = {name: [] for name in steps}
-    for i in range(args.warmup + args.repeats):
-        for name, step in steps.items():
-            start = clock()
-            step(x, y)
-            if i >= args.warmup:
-                times[name].append(clock() - start)
-    base = statistics.median(times[args.recipes[0]])
+    times = medians(time_interleaved({name: partial(step, x, y) for name, step in steps.items()},
+                                     args.warmup, args.repeats))
+    base = times[args.recipes[0]]
     print()
     print_header(f"{'recipe':<10} {'ms/step':>9} {'tokens/s':>10} {'vs ' + args.recipes[0]:>9}")
-    for name, samples in times.items():
-        ms = statistics.median(samples)
-        print(f"{name:<10} {1e3 * ms:>9.1f} {x.numel() / 2 / ms:>10,.0f} {ms / base:>8.2f}x")
+    for name, seconds in times.items():
+        print(f"{name:<10} {1e3 * seconds:>9.1f} {x.numel() / seconds:>10,.0f} "
+              f"{seconds / base:>8.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """Training-step throughput: our GPT vs ``transformers.GPT2LMHeadModel`` (SDPA attention).
 
-    python bench/train_step.py                       # toy and GPT-2 small, all cores
-    python bench/train_step.py --sizes toy --repeats 10
+    python -m bench.train_step                       # toy and GPT-2 small, all cores
+    python -m bench.train_step --sizes toy --repeats 10
 
-One step = forward + cross-entropy loss + backward + ``AdamW(fused=True).step()`` (zero_grad with
-set_to_none), dropout 0, train mode, the same configuration and batch for every variant:
+One step = the training loop's own step (``bench.loop_step``: forward + cross-entropy loss +
+backward through Fabric, gradient clipping, ``AdamW(fused=True)`` with train.py's settings and
+its schedule, zero_grad with set_to_none), dropout 0, train mode, the same configuration and batch
+for every variant:
 
 * ``ours fp32`` / ``HF fp32``: float32 throughout; our model as a CPU run of train.py trains it,
   with ``minigpt.cpu.speed_up_training`` applied (linear layers and the chunked LM-head loss
@@ -14,34 +16,30 @@ set_to_none), dropout 0, train mode, the same configuration and batch for every 
   ``F.cross_entropy`` over the full logits), to show what the CPU speedups give and what the rest
   of the implementation gives;
 * ``ours bf16``: the precision this CPU gets by default (AVX512-BF16 here): forward and loss under
-  ``torch.autocast("cpu", dtype=torch.bfloat16)``, float32 master weights and optimizer, with
-  ``speed_up_training`` applied as for ``bf16-mixed`` (the chunked loss; autocast's matmuls run
+  Fabric's ``bf16-mixed`` (``torch.autocast("cpu", dtype=torch.bfloat16)``), float32 master
+  weights and optimizer, with ``speed_up_training`` applied as for ``bf16-mixed`` (the chunked loss; autocast's matmuls run
   in bfloat16 on PyTorch's own kernels).
 
 Our model computes its loss with ``GPT.loss`` (its training API); Hugging Face's logits go
-through ``F.cross_entropy`` directly (cheaper than its ``labels=`` path, which copies shifted
-logits), so HF gets its best case. All variants live in one process and are stepped interleaved
-(ours, HF, ours bf16, ours, ...) after warm-up; medians of ``--repeats`` steps. Achieved FLOP/s
-counts ``GPT.flops_per_token`` (6 N + 12 L T C, N without position embeddings) per token; MFU is
-against the float32 (or bfloat16) matmul peak measured here with a large square matmul (the best
-of ``torch.mm`` and, in float32, oneDNN's).
+through the tests' plain cross-entropy (``tests.oracles.logits_cross_entropy``: cheaper than its
+``labels=`` path, which copies shifted logits), so HF gets its best case. All variants live in
+one process and are stepped interleaved (ours, HF, ours bf16, ours, ...) after warm-up; medians
+of ``--repeats`` steps. Achieved FLOP/s counts ``GPT.flops_per_token`` (6 N + 12 L T C, N
+without position embeddings) per token; MFU is against the float32 (or bfloat16) matmul peak
+measured here with a large square matmul (the best of ``torch.mm`` and, in float32, oneDNN's).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-from timing import add_timing_arguments, clock, configure_timing, print_header  # noqa: E402
-
-from minigpt.cpu import onednn, speed_up_training  # noqa: E402
-from minigpt.model import GPT, GPTConfig  # noqa: E402
+from bench.loop_step import CausalLMWithLoss, loop_step
+from bench.timing import add_timing_arguments, clock, configure_timing, print_header
+from minigpt.cpu import onednn, speed_up_training
+from minigpt.model import GPT, GPTConfig
 
 OURS_MKL = "ours fp32 MKL"  # our plain model: PyTorch's default float32 GEMM (no minigpt.cpu)
 VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64, for both models
@@ -73,36 +71,21 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
 
 
 class Variant:
-    """A model, its optimizer and one training step."""
+    """A model (anything with ``loss(x, y)``) and the training loop's own step on it
+    (``bench.loop_step``: train.py's AdamW settings, clipping, the schedule)."""
 
-    def __init__(self, name: str, model: torch.nn.Module, loss_fn, autocast: bool):
-        self.name, self.model, self.loss_fn, self.autocast = name, model.train(), loss_fn, autocast
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1,
-                                           fused=True)
+    def __init__(self, name: str, model: torch.nn.Module, autocast: bool):
+        self.name, self.autocast = name, autocast
+        self.run_step = loop_step(model.train(), precision="bf16-mixed" if autocast else "32-true")
         self.times: list[float] = []
         self.losses: list[float] = []
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         start = clock()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
-            loss = self.loss_fn(self.model, x, y)
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.run_step(x, y)
         elapsed = clock() - start
         self.losses.append(loss.item())
         return elapsed
-
-
-def ours_loss(model: GPT, x, y):
-    if hasattr(model, "loss"):
-        return model.loss(x, y)
-    return F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
-
-
-def hf_loss(model, x, y):
-    logits = model(input_ids=x).logits
-    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
 
 
 def build(size: str, variants: list[str]) -> tuple[list[Variant], GPT]:
@@ -125,7 +108,7 @@ def build(size: str, variants: list[str]) -> tuple[list[Variant], GPT]:
                 # Face's and the plain model's steps would get it too.
                 speed_up_training(model, precision="bf16-mixed" if bf16 else "32-true",
                                   keep_freed_memory=False)
-            built.append(Variant(name, model, ours_loss, autocast=bf16))
+            built.append(Variant(name, model, autocast=bf16))
         else:
             hf_config = transformers.GPT2Config(
                 vocab_size=VOCAB, n_positions=T, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
@@ -134,7 +117,7 @@ def build(size: str, variants: list[str]) -> tuple[list[Variant], GPT]:
             )
             model = transformers.GPT2LMHeadModel(hf_config)
             assert model.config._attn_implementation == "sdpa"
-            built.append(Variant(name, model, hf_loss, autocast=name.endswith("bf16")))
+            built.append(Variant(name, CausalLMWithLoss(model), autocast=name.endswith("bf16")))
     if reference is None:
         with torch.device("meta"):
             reference = GPT(config)

@@ -10,7 +10,8 @@ memory stays flat however long the generation runs.
 What the layers share lives here once: each slot's stream index (-1: empty), which slots hold
 padding (left-padded prompts), each row's next position, and the number of tokens seen, kept as
 a device tensor so a captured CUDA graph can read and advance it. The mask of the slots a new
-token may see is derived from them.
+token may see is derived from them. The model advances that bookkeeping once per forward, before
+its blocks (``KVCache.advance``); each layer then only writes its keys/values (``LayerCache``).
 
 How a one-token step attends is a property of the cache (``sliced``): over the filled slots only
 (the buffers sliced to the tokens seen: the least work, for the eager decoder and the CPU), or
@@ -37,9 +38,9 @@ class KVCache:
 
     ``window``: the layers' sliding window (None: full attention); a cache of exactly ``window``
     slots is a ring. ``sliced``: a one-token step attends to the filled slots only (False: to all
-    ``capacity`` slots under a mask, with fixed shapes). Layer ``i`` writes through
-    ``layers[i]``, which ``MultiHeadAttention.forward`` takes as its ``kv_cache``; layer 0's
-    write advances the shared bookkeeping, once per model step.
+    ``capacity`` slots under a mask, with fixed shapes). A forward calls ``advance(T)`` once,
+    before its layers; layer ``i`` then writes through ``layers[i]``, which
+    ``MultiHeadAttention.forward`` takes as its ``kv_cache``.
     """
 
     def __init__(self, batch_size: int, num_layers: int, num_heads: int, capacity: int,
@@ -63,7 +64,8 @@ class KVCache:
         self.layers = [LayerCache(self, i) for i in range(num_layers)]
         self._length: int | None = 0  # `seen` on the host (None: read it from the device)
         self._padded = False  # any padding cached: a python flag, so unpadded steps never sync
-        self._step: tuple | None = None  # set by layer 0 for the others: see `_advance`
+        self._step: tuple | None = None  # how this forward's tokens attend: see `advance`
+        self._writes_due = 0  # layers yet to write this forward's keys/values
 
     @property
     def capacity(self) -> int:
@@ -75,6 +77,10 @@ class KVCache:
         if self._length is None:  # after fixed-shape steps, which never touch the host
             self._length = int(self.seen)
         return self._length
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
 
     @property
     def nbytes(self) -> int:
@@ -101,7 +107,7 @@ class KVCache:
 
     def reset(self) -> None:
         """Forget the cached tokens; the buffers are reused in place, not reallocated."""
-        self._length, self._padded = 0, False
+        self._length, self._padded, self._writes_due = 0, False, 0
         self.slot_pos.fill_(-1)
         self.padding.zero_()
         self.seen.zero_()
@@ -116,16 +122,26 @@ class KVCache:
         one-token step (never read back from the device: its caller crops)."""
         return self.length + T if self.sliced or T > 1 else None
 
-    def _advance(self, T: int, padding: Tensor | None, position_ids: Tensor | None) -> None:
-        """Layer 0: place T new tokens (slots, stream indices, padding, positions, count) and
-        record for every layer how they attend (``_step``)."""
+    def advance(self, T: int, padding: Tensor | None = None,
+                position_ids: Tensor | None = None) -> Tensor:
+        """Place T new tokens, once per forward and before any layer writes: their slots,
+        stream indices, padding (B, T) and positions, the token count, and how every layer's
+        queries attend. Returns the positions (B or 1, T): ``position_ids``, or each row's
+        continuation after its cached tokens."""
         if position_ids is None:
+            position_ids = self.next_positions(T)
             self.next_position.add_(T)
         else:
             self.next_position.copy_(position_ids[:, -1:] + 1)
         if T == 1:
             self._advance_one(padding)
-            return
+        else:
+            self._advance_chunk(T, padding)
+        self._writes_due = self.num_layers
+        return position_ids
+
+    def _advance_chunk(self, T: int, padding: Tensor | None) -> None:
+        """T > 1 new tokens: slots from the count on the host; a mask when tokens are cached."""
         start, S = self.length, self.capacity
         self._check_room(start + T)
         chunk = None
@@ -188,6 +204,7 @@ class KVCache:
         """Store layer ``layer``'s new keys/values k, v (B, h, T, hd) in their slots; return the
         keys, values (B, h, L, hd) and mask (True = may attend; None: all) the T queries attend
         over, or None when nothing was cached before them (they attend among themselves)."""
+        self._writes_due -= 1
         keys, values = self.keys[layer], self.values[layer]
         k, v = k.to(keys.dtype), v.to(values.dtype)  # autocast computes them in lower precision
         T = k.shape[2]
@@ -212,7 +229,9 @@ class KVCache:
 
 
 class LayerCache:
-    """One layer's view of a ``KVCache``: what ``MultiHeadAttention.forward`` writes into."""
+    """One layer's view of a ``KVCache``: what ``MultiHeadAttention.forward`` writes into, after
+    the model advanced the cache for the forward's tokens. A lone attention layer with a cache of
+    one layer is its own model: its write advances that cache first."""
 
     def __init__(self, cache: KVCache, index: int):
         self.cache, self.index = cache, index
@@ -221,17 +240,30 @@ class LayerCache:
     def window(self) -> int | None:
         return self.cache.window
 
+    @property
+    def advanced(self) -> bool:
+        """The cache already holds this forward's tokens (the model advanced it)."""
+        return self.cache._writes_due > 0
+
     def next_positions(self, T: int) -> Tensor:
+        """Positions (B, T) of a lone layer's T new tokens (a model passes the ones it placed)."""
+        assert not self.advanced, "the model passes the positions it advanced the cache with"
         return self.cache.next_positions(T)
 
     def total_after(self, T: int) -> int | None:
-        """``KVCache.total_after`` for this step (the first layer's write counts its T)."""
-        return self.cache.total_after(T if self.index == 0 else 0)
+        """``KVCache.total_after`` for this forward's T tokens, counted once."""
+        cache = self.cache
+        if not self.advanced:
+            return cache.total_after(T)
+        return cache.length if cache.sliced or T > 1 else None
 
-    def update(self, k: Tensor, v: Tensor, padding: Tensor | None,
-               position_ids: Tensor | None) -> Context | None:
-        """Write this layer's new keys/values (see ``KVCache._write``); the first layer also
-        records where the new tokens go, for every layer."""
-        if self.index == 0:
-            self.cache._advance(k.shape[2], padding, position_ids)
+    def update(self, k: Tensor, v: Tensor, padding: Tensor | None = None,
+               position_ids: Tensor | None = None) -> Context | None:
+        """Write this layer's new keys/values (see ``KVCache._write``). ``padding`` and
+        ``position_ids`` only matter to a lone layer's cache, which this write advances."""
+        if not self.advanced:
+            if self.cache.num_layers > 1:
+                raise RuntimeError("a KV cache of several layers advances once per forward: "
+                                   "call cache.advance(T) before the layers write (GPT does)")
+            self.cache.advance(k.shape[2], padding, position_ids)
         return self.cache._write(self.index, k, v)

@@ -322,9 +322,12 @@ class GPT(nn.Module):
             tokens = T if kv_cache is None else kv_cache.total_after(T)
             if not self.unbounded and tokens is not None:
                 check_context_fits(tokens, self.config.context_length)
-            position_ids = torch.arange(T, device=idx.device)[None] if kv_cache is None \
-                else kv_cache.next_positions(T)  # (1 or B, T)
-        layers = kv_cache.layers if kv_cache is not None else [None] * len(self.blocks)
+            if kv_cache is None:
+                position_ids = torch.arange(T, device=idx.device)[None]  # (1, T)
+        layers = [None] * len(self.blocks)
+        if kv_cache is not None:  # the cache learns of the new tokens once; the blocks only write
+            position_ids = kv_cache.advance(T, key_padding_mask, position_ids)  # (1 or B, T)
+            layers = kv_cache.layers
         x = self.drop(self.embed(idx, position_ids))  # (B, T, C)
         for i, (block, layer_cache) in enumerate(zip(self.blocks, layers, strict=True)):
             x = block(x, key_padding_mask, layer_cache, position_ids, self.value_embedding(i, idx))

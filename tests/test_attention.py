@@ -4,39 +4,10 @@ import itertools
 
 import pytest
 import torch
+from oracles import BookMultiHeadAttention
 from torch import nn
 
 from minigpt.attention import MultiHeadAttention
-
-
-class BookMultiHeadAttention(nn.Module):
-    """Independent oracle: the unfused layout of the book's chapter 3 (three projections, an
-    explicit upper-triangular mask buffer, softmax by hand). Written here, not imported."""
-
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__()
-        self.d_out, self.num_heads, self.head_dim = d_out, num_heads, d_out // num_heads
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out)
-        self.dropout = nn.Dropout(dropout)
-        self.register_buffer(
-            "mask", torch.triu(torch.ones(context_length, context_length), diagonal=1)
-        )
-
-    def forward(self, x):
-        b, n, _ = x.shape
-
-        def heads(t):
-            return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-
-        q, k, v = heads(self.W_query(x)), heads(self.W_key(x)), heads(self.W_value(x))
-        scores = q @ k.transpose(2, 3)
-        scores = scores.masked_fill(self.mask.bool()[:n, :n], -torch.inf)
-        weights = self.dropout(torch.softmax(scores / k.shape[-1] ** 0.5, dim=-1))
-        context = (weights @ v).transpose(1, 2).contiguous().view(b, n, self.d_out)
-        return self.out_proj(context)
 
 
 def make_pair(d_in=12, d_out=16, context_length=10, num_heads=4, qkv_bias=False, seed=0):

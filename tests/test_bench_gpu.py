@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_gpu_bench_self_test_prints_its_table(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--self-test"],
+    result = subprocess.run([sys.executable, "-m", "bench.gpu", "--self-test"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     lines = result.stdout.splitlines()

@@ -1,7 +1,7 @@
 """The block options of the modern recipe (RMSNorm, QK-norm, ReLU², an untied zero-initialized
 head, zero-initialized projections, a logit soft-cap, value embeddings), each alone and all together (also with
-rope, a window and grouped-query attention), against a GPT written out in this file from the
-formulas: logits, attention weights and the loss; then the invariants every option must keep
+rope, a window and grouped-query attention), against a GPT written out from the
+formulas (tests/oracles.py): logits, attention weights and the loss; then the invariants every option must keep
 (cached == uncached decoding with every decoder, gradients everywhere after a few steps,
 checkpoints, the preflight's count) and the Hugging Face export that refuses them."""
 
@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
+from oracles import ref_attention, ref_hidden, ref_logits
 
 from minigpt.attention import MultiHeadAttention
 from minigpt.checkpoint import checkpoint_metadata, load_checkpoint
@@ -67,96 +68,6 @@ def scrambled(model: GPT, std: float = 0.5) -> GPT:
         p.normal_(1.0 if name.endswith("norm1.weight") or name.endswith("norm2.weight")
                   or name == "final_norm.weight" else 0.0, std)
     return model.eval()
-
-
-# --- the reference: a GPT written out from the formulas, reading the model's state dict -------
-
-
-def ref_norm(x, sd, prefix, cfg):
-    eps = cfg.layer_norm_eps
-    if cfg.norm == "rmsnorm":
-        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * sd[prefix + ".weight"]
-    mu = x.mean(-1, keepdim=True)
-    var = (x - mu).pow(2).mean(-1, keepdim=True)
-    return (x - mu) / torch.sqrt(var + eps) * sd[prefix + ".weight"] + sd.get(prefix + ".bias", 0)
-
-
-def ref_rms_heads(x, eps):
-    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-
-
-def ref_rope(x, theta):
-    """Pair (x[i], x[i + hd/2]) as a complex number turned by position * theta**(-2i/hd)."""
-    T, hd = x.shape[-2], x.shape[-1]
-    angle = torch.arange(T, dtype=torch.float64)[:, None] \
-        * theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)  # (T, hd/2)
-    z = torch.complex(*x.double().chunk(2, dim=-1)) * torch.polar(torch.ones_like(angle), angle)
-    return torch.cat([z.real, z.imag], dim=-1).to(x.dtype)
-
-
-def ref_attention(x, sd, prefix, cfg, norm_after_rope=False, value_rows=None):
-    """(output (B, T, C), weights (B, nh, T, T)) of one layer, every head looped over;
-    ``value_rows`` (B, T, nkv * hd): the layer's value-embedding rows, added to the values."""
-    B, T, C = x.shape
-    nh, nkv = cfg.n_head, cfg.kv_heads
-    hd = C // nh
-    qkv = x @ sd[prefix + "qkv.weight"].T + sd.get(prefix + "qkv.bias", 0)
-    q, k, v = qkv.split([C, nkv * hd, nkv * hd], dim=-1)
-    if value_rows is not None:
-        v = v + value_rows
-    q = q.view(B, T, nh, hd).transpose(1, 2)
-    k, v = (t.view(B, T, nkv, hd).transpose(1, 2) for t in (k, v))
-    steps = [lambda t: ref_rms_heads(t, cfg.layer_norm_eps)] if cfg.qk_norm else []
-    if cfg.position == "rope":
-        rope = [lambda t: ref_rope(t, cfg.rope_theta)]
-        steps = rope + steps if norm_after_rope else steps + rope
-    for step in steps:
-        q, k = step(q), step(k)
-    i, j = torch.arange(T)[:, None], torch.arange(T)[None]
-    visible = (j <= i) & ((j > i - cfg.window) if cfg.window else True)
-    weights, outputs = [], []
-    for h in range(nh):
-        g = h // (nh // nkv)  # the key/value head of query head h
-        scores = q[:, h] @ k[:, g].transpose(-1, -2) / math.sqrt(hd)  # (B, T, T)
-        w = scores.masked_fill(~visible, -math.inf).softmax(-1)
-        weights.append(w)
-        outputs.append(w @ v[:, g])
-    y = torch.cat(outputs, dim=-1)  # (B, T, C), heads side by side
-    return y @ sd[prefix + "out_proj.weight"].T + sd.get(prefix + "out_proj.bias", 0), \
-        torch.stack(weights, 1)
-
-
-def ref_activation(x, mlp):
-    if mlp == "relu2":
-        return torch.where(x > 0, x * x, torch.zeros_like(x))
-    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-
-
-def ref_hidden(model: GPT, idx):
-    """The final norm's output and every layer's attention weights."""
-    cfg, sd = model.config, model.state_dict()
-    x = sd["tok_emb.weight"][idx]
-    if cfg.position == "learned":
-        x = x + sd["pos_emb.weight"][: idx.shape[1]]
-    maps = []
-    for i in range(cfg.n_layer):
-        p = f"blocks.{i}."
-        table = sd.get(f"value_embeds.{i}.weight")
-        a, w = ref_attention(ref_norm(x, sd, p + "norm1", cfg), sd, p + "attn.", cfg,
-                             value_rows=None if table is None else table[idx])
-        x, maps = x + a, maps + [w]
-        h = ref_norm(x, sd, p + "norm2", cfg) @ sd[p + "mlp.fc.weight"].T \
-            + sd.get(p + "mlp.fc.bias", 0)
-        x = x + ref_activation(h, cfg.mlp) @ sd[p + "mlp.proj.weight"].T \
-            + sd.get(p + "mlp.proj.bias", 0)
-    return ref_norm(x, sd, "final_norm", cfg), maps
-
-
-def ref_logits(model: GPT, idx):
-    cfg = model.config
-    logits = ref_hidden(model, idx)[0] @ model.state_dict()["lm_head.weight"].T
-    cap = cfg.logit_softcap
-    return logits if cap is None else cap * torch.tanh(logits / cap)
 
 
 # --- config -------------------------------------------------------------------------------------

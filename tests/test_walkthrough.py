@@ -34,8 +34,8 @@ SHRINK = {
         [*_TRAIN, "attention=gpt2,rope_window", "threads=1"]),
     "python train.py": " ".join(_TRAIN),
     "python generate.py": "max_new_tokens=8",
-    "python bench/attention.py": "--shape 8x256x384/6 --warmup 1 --repeats 1",
-    "python bench/attention_runs.py": "--repeats 1 --new-tokens 4",
+    "python -m bench.attention": "--shape 8x256x384/6 --warmup 1 --repeats 1",
+    "python -m bench.attention_runs": "--repeats 1 --new-tokens 4",
 }
 
 _BLOCK = re.compile(
@@ -68,7 +68,7 @@ def test_doc_blocks_are_found_and_shrunk():
     assert any(line.startswith("python generate.py") for line in commands)
     assert any(line.startswith("python -m minigpt.viz attention") for line in commands)
     assert any(line.startswith("python -m minigpt.viz runs") for line in commands)
-    assert any(line.startswith("python bench/attention.py") for line in commands)
+    assert any(line.startswith("python -m bench.attention ") for line in commands)
     assert any(line.startswith("python train.py -m experiment=attention_variants")
                for line in commands)
     assert shrink("python train.py -m experiment=attention_variants").endswith(

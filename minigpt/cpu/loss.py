@@ -18,7 +18,6 @@ V vocabulary.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minigpt.cpu.linear import uses_onednn
@@ -158,15 +157,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_h = grad_h.mul_(grad_loss).to(h_dtype) if ctx.needs_input_grad[0] else None
         grad_w = grad_w.mul_(grad_loss).to(w_dtype) if ctx.needs_input_grad[1] else None
         return grad_h, grad_w, None, None, None, None
-
-
-def reference_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor,
-                            ignore_index: int = -100, softcap: float | None = None) -> Tensor:
-    """The plain formulation ``linear_cross_entropy`` must equal (for tests and checks)."""
-    logits = (h @ weight.t()).float()
-    if softcap is not None:
-        logits = softcap * torch.tanh(logits / softcap)
-    return F.cross_entropy(logits, targets, ignore_index=ignore_index)
 
 
 class ChunkedNextTokenLoss(nn.Module):

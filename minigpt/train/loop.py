@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +53,34 @@ class ModelWithLoss(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.loss(idx, targets)
+
+
+def optimizer_step(fabric: Fabric, module: nn.Module, optimizers: dict, schedulers: dict,
+                   batches, *, accumulate: int = 1, clip_gradients: Callable[[], torch.Tensor],
+                   loop: Loop | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """One optimizer step of the loop, callable alone (``bench`` times it): ``accumulate``
+    micro-batches ``(x, y)`` from the iterator ``batches`` through ``module`` (a ``ModelWithLoss``
+    set up by ``fabric``), then ``clip_gradients()`` and a step of each optimizer and its
+    scheduler (both dicts by name). Returns the step's mean loss and the gradient norm before
+    clipping, both still on the device, and the learning rates the step used (``lr``,
+    ``lr_<name>``). Fabric callbacks' ``on_train_batch_start`` get ``loop``."""
+    step_loss = torch.zeros((), device=fabric.device)
+    for micro in range(accumulate):
+        x, y = fabric.to_device(next(batches))  # (B, T) each
+        fabric.call("on_train_batch_start", loop=loop, micro=micro)
+        # Gradients are averaged over the processes once per step, on the last micro-batch.
+        with fabric.no_backward_sync(module, enabled=micro < accumulate - 1):
+            loss = module(x, y) / accumulate
+            fabric.backward(loss)
+        step_loss += loss.detach()
+    grad_norm = clip_gradients()
+    lrs = {}
+    for name, optimizer in optimizers.items():
+        lrs["lr" if name == "optimizer" else f"lr_{name}"] = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        schedulers[name].step()
+        optimizer.zero_grad(set_to_none=True)
+    return step_loss, grad_norm, lrs
 
 
 @dataclass
@@ -100,24 +129,11 @@ class Loop:
     def train_step(self, batches) -> tuple[torch.Tensor, torch.Tensor]:
         """``plan.batch.accumulate`` micro-batches, then one optimizer step. Returns the step's
         mean loss and the gradient norm before clipping, both still on the device."""
-        fabric, accumulate = self.fabric, self.plan.batch.accumulate
-        step_loss = torch.zeros((), device=fabric.device)
-        for micro in range(accumulate):
-            x, y = fabric.to_device(next(batches))  # (B, T) each
-            fabric.call("on_train_batch_start", loop=self, micro=micro)
-            # Gradients are averaged over the processes once per step, on the last micro-batch.
-            with fabric.no_backward_sync(self.module, enabled=micro < accumulate - 1):
-                loss = self.module(x, y) / accumulate
-                fabric.backward(loss)
-            step_loss += loss.detach()
-        grad_norm = self.clip_gradients()
-        for name, optimizer in self.optimizers.items():
-            self.lrs["lr" if name == "optimizer" else f"lr_{name}"] = \
-                optimizer.param_groups[0]["lr"]  # the lr this step uses
-            optimizer.step()
-            self.schedulers[name].step()
-            optimizer.zero_grad(set_to_none=True)
-        return step_loss, grad_norm
+        loss, grad_norm, lrs = optimizer_step(
+            self.fabric, self.module, self.optimizers, self.schedulers, batches,
+            accumulate=self.plan.batch.accumulate, clip_gradients=self.clip_gradients, loop=self)
+        self.lrs.update(lrs)
+        return loss, grad_norm
 
     def clip_gradients(self) -> torch.Tensor:
         """Clip the global gradient norm (``optim.grad_clip``; none: inf); return the norm before

@@ -21,7 +21,7 @@ def test_shrunk_multirun_and_its_table(tmp_path):
         assert (sweep / run / "csv").is_dir()
 
     png = tmp_path / "lab.png"
-    table = _python(tmp_path, ROOT / "bench" / "attention_runs.py", sweep, "--repeats", "1",
+    table = _python(tmp_path, "-m", "bench.attention_runs", sweep, "--repeats", "1",
                     "--new-tokens", "4", "--out", png)
     rows = {line.split("|")[1].strip(): line for line in table.splitlines()
             if line.startswith("| ") and not line.startswith("| run")}
@@ -51,13 +51,13 @@ def test_memory_preflight_counts_each_variants_weights(fields):
 
 def test_variant_benchmarks_run_in_a_tiny_mode(tmp_path):
     """The benchmarks behind docs/attention_variants.md, shrunk so they cannot rot."""
-    table = _python(tmp_path, ROOT / "bench" / "attention.py", "--variants", "--lengths", "16",
+    table = _python(tmp_path, "-m", "bench.attention", "--variants", "--lengths", "16",
                     "--warmup", "0", "--repeats", "1", "--threads", "1")
     rows = [line.split() for line in table.splitlines() if line.startswith("   16 ")]
     assert [row[1] for row in rows] == ["gpt2", "gqa4", "mqa", "rope", "window256",
                                         "rope+window256"]
     assert all(float(row[4]) > 0 for row in rows)  # each variant's peak memory, measured
-    decoding = _python(tmp_path, ROOT / "bench" / "attention_decoding.py", "--layers", "1",
+    decoding = _python(tmp_path, "-m", "bench.attention_decoding", "--layers", "1",
                        "--cached", "8", "--new-tokens", "2", "--repeats", "1", "--long", "1",
                        "--vocab-size", "64",
                        "--threads", "1")

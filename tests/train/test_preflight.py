@@ -64,8 +64,8 @@ def test_check_memory_refuses_in_one_line_with_the_knobs():
 
 
 def test_estimate_is_within_30_percent_of_measured_peaks():
-    """bench/memory.py's quick cases (toy runs, GPT-2 small at T=256), each in its own process."""
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "memory.py"), "--quick", "--json"],
+    """bench.memory's quick cases (toy runs, GPT-2 small at T=256), each in its own process."""
+    out = subprocess.run([sys.executable, "-m", "bench.memory", "--quick", "--json"], cwd=ROOT,
                          capture_output=True, text=True, timeout=600, check=True)
     rows = json.loads(out.stdout.strip().splitlines()[-1])
     assert {r["case"].split(",")[0] for r in rows} == {"toy", "GPT-2 small"}

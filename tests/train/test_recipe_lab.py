@@ -33,7 +33,7 @@ def test_shrunk_multirun_and_its_table(tmp_path):
     runs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     assert runs == ["gpt2", "modern", "muon_wsd"]
     png = tmp_path / "lab.png"
-    table = _python(tmp_path, ROOT / "bench" / "recipe_runs.py", sweep, "--out", png)
+    table = _python(tmp_path, "-m", "bench.recipe_runs", sweep, "--out", png)
     rows = {line.split("|")[1].strip(): line for line in table.splitlines()
             if line.startswith("| ") and not line.startswith("| run")}
     assert list(rows) == ["gpt2", "muon_wsd", "modern"]  # the order the sweep ran them
@@ -42,7 +42,7 @@ def test_shrunk_multirun_and_its_table(tmp_path):
 
 
 def test_time_per_step_benchmark_runs_every_rung(tmp_path):
-    out = _python(tmp_path, ROOT / "bench" / "recipe_step.py", "--recipes", "gpt2", "muon",
+    out = _python(tmp_path, "-m", "bench.recipe_step", "--recipes", "gpt2", "muon",
                   "modern", "--batch", "1", "--warmup", "1", "--repeats", "1", "--threads", "1")
     assert "modern: compiled blocks (norm=rmsnorm, qk_norm, position=rope, mlp=relu2)" in out
     rows = [line.split()[0] for line in out.splitlines() if line.endswith("x")]
