@@ -31,8 +31,15 @@ def _under(prefix: str, rules: dict[str, Rule]) -> dict[str, Rule]:
     return {f"{prefix}.{key}": rule for key, rule in rules.items()}
 
 
+CLASS_PATH = Satisfies(lambda v: v is None or isinstance(v, str) and "." in v.strip("."),
+                       "a dotted class path such as torch.optim.SGD or mypackage.optim.MyOptimizer")
+KEYWORDS = Satisfies(lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+                     "keyword arguments: +optim.<field>.<name>=<value>")
 OPTIM_RULES = {
-    "name": OneOf(("adamw", "muon")), "schedule": OneOf(("cosine", "wsd")),
+    "name": Satisfies(lambda n: isinstance(n, str) and bool(n), "a preset name such as adamw"),
+    "optimizer": CLASS_PATH, "matrix_optimizer": CLASS_PATH,
+    "optimizer_kwargs": KEYWORDS, "matrix_kwargs": KEYWORDS,
+    "schedule": OneOf(("cosine", "wsd")),
     "cooldown_fraction": Range(0, 1, low_open=True),
     "lr": POSITIVE, "min_lr": AT_LEAST_0, "embedding_lr": POSITIVE, "head_lr": POSITIVE,
     "warmup_steps": AT_LEAST_0, "decay_steps": AT_LEAST_0, "weight_decay": AT_LEAST_0,

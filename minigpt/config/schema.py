@@ -47,11 +47,17 @@ class DataSchema(DataConfig):
 
 @dataclass
 class OptimSchema:
-    """``configs/optim/*.yaml``: AdamW (or Muon for the blocks' matrices and AdamW for the rest)
-    with linear warmup and a cosine or warmup-stable-decay schedule; the defaults are GPT-2's
-    (nanoGPT's)."""
+    """``configs/optim/*.yaml``: an optimizer class for the whole model (AdamW), or one for the
+    blocks' 2-D matrices (``optim=muon``: Muon) beside it for the rest, with linear warmup and a
+    cosine or warmup-stable-decay schedule; the defaults are GPT-2's (nanoGPT's). The classes
+    are dotted paths of ``torch.optim.Optimizer`` subclasses, a user's own included
+    (docs/extending.md)."""
 
-    name: str = "adamw"  # adamw | muon: Muon for the 2-D matrices inside the blocks
+    name: str = "adamw"  # the preset's name (its file in configs/optim/), shown in descriptions
+    optimizer: str = "torch.optim.AdamW"  # the whole model's, or all but the block matrices'
+    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)  # more arguments of its class
+    matrix_optimizer: str | None = None  # the blocks' 2-D matrices' (optim=muon: Muon); null: none
+    matrix_kwargs: dict[str, Any] = field(default_factory=dict)  # more arguments of its class
     schedule: str = "cosine"  # cosine | wsd: warmup, lr held, then a linear cooldown to min_lr
     cooldown_fraction: float = 0.45  # wsd: the last fraction of decay_steps spent cooling down
     lr: float = 6.0e-4  # AdamW's peak learning rate
@@ -66,8 +72,8 @@ class OptimSchema:
     eps: float = 1.0e-8
     grad_clip: float | None = 1.0  # clip the global gradient norm; 0 or null: off
     fused: bool = True  # AdamW's fused kernel where the device and precision allow it
-    muon_lr: float = 0.02  # optim=muon: the block matrices' optimizer
-    muon_momentum: float = 0.95  # Nesterov momentum
+    muon_lr: float = 0.02  # the matrix optimizer's peak lr (Muon's, or any matrix_optimizer's)
+    muon_momentum: float = 0.95  # its Nesterov momentum, where its class takes momentum
     muon_weight_decay: float = 0.0
     muon_adjust_lr: str | None = "original"  # original: lr x sqrt(max(1, rows/cols));
     # match_rms_adamw: AdamW-like update sizes

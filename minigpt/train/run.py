@@ -46,7 +46,7 @@ from minigpt.train.launch import build_fabric
 from minigpt.train.loggers import build_loggers
 from minigpt.train.loop import Loop, ModelWithLoss, Progress
 from minigpt.train.model_init import init_model, padded_vocab_size
-from minigpt.train.optim import build_optimizers, check_muon_runs, schedule_for
+from minigpt.train.optim import build_optimizers, check_optimizers_run, schedule_for
 from minigpt.train.plan import RunPlan, resolve_plan
 from minigpt.train.preflight import (
     check_run_fits,
@@ -168,7 +168,7 @@ def preflight(train: TrainSchema, plan: RunPlan, resume: ResumePoint | None) -> 
     """What can be checked from the config alone, before any heavy work: a resumed checkpoint's
     model against the configured one, and whether a training step fits in memory. A model from
     ``model.init_from`` is only known once built (``run`` checks it then)."""
-    check_muon_runs(train.optim.name, plan.strategy, plan.precision)
+    check_optimizers_run(train.optim, plan.strategy, plan.precision)
     if train.model.init_from:
         return
     vocab = train.model.vocab_size or padded_vocab_size(

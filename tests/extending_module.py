@@ -1,0 +1,27 @@
+"""A user's own module: an optimizer, a data source and an evaluation task, written outside
+``minigpt/`` and named by dotted path from the command line (``tests/test_extending.py``;
+``docs/extending.md`` walks through each)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class MyOptimizer(torch.optim.Optimizer):
+    """Heavy-ball SGD with decoupled weight decay: ``v = momentum * v + grad``,
+    ``p -= lr * (v + weight_decay * p)``. Its state (``velocity``) must survive a resume."""
+
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.9, weight_decay: float = 0.0):
+        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "velocity" not in state:
+                    state["velocity"] = torch.zeros_like(p)
+                velocity = state["velocity"].mul_(group["momentum"]).add_(p.grad)
+                p.add_(velocity + group["weight_decay"] * p, alpha=-group["lr"])

@@ -1,0 +1,79 @@
+"""Extending minigpt from a module of one's own (``tests/extending_module.py``), nothing in
+``minigpt/`` edited: an optimizer class, a data source and an evaluation task, each named by its
+dotted path in the config, trained, resumed, prepared and scored as the built-in ones are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from minigpt.errors import ConfigError
+from minigpt.train.run import run
+
+ROOT = Path(__file__).resolve().parents[1]
+USER = "tests.extending_module"
+TINY = [
+    "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.context_length=32",
+    "data.batch_size=4", "data.val_tokens=256", "trainer=cpu", "trainer.max_steps=4",
+    "trainer.val_check_interval=2", "trainer.enable_progress_bar=false",
+    "trainer.precision=32-true", "trainer.log_every_n_steps=1", "logger=none",
+    "optim.warmup_steps=1", "sample.max_new_tokens=0",
+]
+
+
+@pytest.fixture(autouse=True)
+def importable_tests(monkeypatch):
+    """``tests.extending_module`` imports as a user's module would, from the working directory."""
+    monkeypatch.syspath_prepend(str(ROOT))
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    """shakespeare_char prepared once (~1 s)."""
+    from minigpt.data import prepare_dataset
+
+    root = tmp_path_factory.mktemp("data")
+    prepare_dataset(tiny_cfg(root).data, root, progress=False)
+    return root
+
+
+def tiny_cfg(data_root: Path, *overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("train", overrides=[*TINY, f"data_root={data_root}", *overrides])
+
+
+def _weights(path) -> dict:
+    return torch.load(path, weights_only=True)["model"]
+
+
+# ---- an optimizer ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("role", ["optimizer", "matrix_optimizer"])
+def test_a_users_optimizer_trains_and_resumes_exactly(tmp_path, data_root, role):
+    """The class steps the whole model, or the blocks' matrices beside AdamW; two steps, a
+    checkpoint, two more from it: the same weights as four steps straight, to the last bit."""
+    mine = [f"optim.{role}={USER}.MyOptimizer", f"+optim.{role.split('_')[0]}_kwargs.momentum=0.8",
+            "optim.lr=0.01", "optim.muon_lr=0.05", "optim.decay_steps=4"]  # one schedule for all
+    straight = run(tiny_cfg(data_root, *mine), tmp_path / "straight")
+    half = run(tiny_cfg(data_root, *mine, "trainer.max_steps=2"), tmp_path / "half")
+    ckpt = torch.load(half["last"], weights_only=True)
+    names = {"optimizer": {"myoptimizer"}, "matrix_optimizer": {"optimizer", "myoptimizer"}}[role]
+    assert set(ckpt["schedulers"]) == names and names <= set(ckpt)
+    velocities = [s["velocity"] for s in ckpt["myoptimizer"]["state"].values()]
+    assert velocities and all(v.abs().sum() > 0 for v in velocities)  # its state was saved
+    assert {g["momentum"] for g in ckpt["myoptimizer"]["param_groups"]} == {0.8}
+    resumed = run(tiny_cfg(data_root, *mine, f"ckpt_path={half['last']}"), tmp_path / "resumed")
+    want, got = _weights(straight["last"]), _weights(resumed["last"])
+    assert want.keys() == got.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=0)
+    adamw = run(tiny_cfg(data_root), tmp_path / "adamw")  # the optimizer made a difference
+    assert not torch.equal(_weights(adamw["last"])["model.blocks.0.mlp.fc.weight"],
+                           want["model.blocks.0.mlp.fc.weight"])
+    with pytest.raises(ConfigError, match=r"trained with optimizer\(s\) \[.*'myoptimizer'.*\], "
+                       r"this run has \[.*\]: resume with the optim it was trained with"):
+        run(tiny_cfg(data_root, "trainer.max_steps=5", f"ckpt_path={straight['last']}"),
+            tmp_path / "other")
