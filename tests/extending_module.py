@@ -25,3 +25,10 @@ class MyOptimizer(torch.optim.Optimizer):
                     state["velocity"] = torch.zeros_like(p)
                 velocity = state["velocity"].mul_(group["momentum"]).add_(p.grad)
                 p.add_(velocity + group["weight_decay"] * p, alpha=-group["lr"])
+
+
+def counting_rhymes(count: int = 50, animal: str = "sheep"):
+    """A data source: ``count`` documents of plain text, yielded one at a time
+    (``data.source=tests.extending_module.counting_rhymes``, ``+data.source_args.count=...``)."""
+    for i in range(count):
+        yield f"{i + 1} {animal} jumped over the fence, and the farmer counted {i + 1}.\n" * 3

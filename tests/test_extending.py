@@ -4,8 +4,10 @@ dotted path in the config, trained, resumed, prepared and scored as the built-in
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -77,3 +79,35 @@ def test_a_users_optimizer_trains_and_resumes_exactly(tmp_path, data_root, role)
                        r"this run has \[.*\]: resume with the optim it was trained with"):
         run(tiny_cfg(data_root, "trainer.max_steps=5", f"ckpt_path={straight['last']}"),
             tmp_path / "other")
+
+
+# ---- a data source ---------------------------------------------------------------------------
+
+def test_a_users_data_source_is_prepared_cached_and_trained_on(tmp_path):
+    """The function's documents become token files (the char vocabulary is theirs), reused
+    while its arguments stay, prepared again when they change; a run trains on them."""
+    from minigpt.data import prepare_dataset
+
+    source = ["data.name=rhymes", f"data.source={USER}.counting_rhymes", "data.tokenizer=char",
+              "+data.source_args.animal=goat"]
+    cfg = tiny_cfg(tmp_path, *source).data
+    meta = prepare_dataset(cfg, tmp_path, progress=False)
+    rhymes = "".join(f"{i} goat jumped over the fence, and the farmer counted {i}.\n"
+                     for i in range(1, 51))
+    assert meta["tokenizer"]["chars"] == "".join(sorted(set(rhymes)))  # the oracle: the text
+    tokens = np.concatenate([np.fromfile(tmp_path / "rhymes" / f"{split}.bin", np.uint16)
+                             for split in ("train", "val")])
+    text = tokens[tokens != meta["eot_id"]]  # each document's train and val parts end with eot
+    assert len(text) == 3 * len(rhymes) and meta["documents"] == 50
+    assert prepare_dataset(cfg, tmp_path, progress=False)["fingerprint"] == meta["fingerprint"]
+    other = prepare_dataset(tiny_cfg(tmp_path, *source, "+data.source_args.count=40").data,
+                            tmp_path, progress=False)
+    assert other["fingerprint"] != meta["fingerprint"]
+    assert other["documents"] == 40
+    summary = run(tiny_cfg(tmp_path, *source, "trainer.max_steps=2", "data.val_tokens=64"),
+                  tmp_path / "run")
+    assert math.isfinite(summary["val_loss"])
+    with pytest.raises(ValueError, match=r"^data.source='tests.nowhere.rhymes' is not a source "
+                       r"\(.*\): use shakespeare, files, hub, or the dotted path"):
+        prepare_dataset(tiny_cfg(tmp_path, "data.source=tests.nowhere.rhymes").data, tmp_path,
+                        progress=False)
