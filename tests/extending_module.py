@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from minigpt.eval.task import Task
+
 
 class MyOptimizer(torch.optim.Optimizer):
     """Heavy-ball SGD with decoupled weight decay: ``v = momentum * v + grad``,
@@ -32,3 +34,24 @@ def counting_rhymes(count: int = 50, animal: str = "sheep"):
     (``data.source=tests.extending_module.counting_rhymes``, ``+data.source_args.count=...``)."""
     for i in range(count):
         yield f"{i + 1} {animal} jumped over the fence, and the farmer counted {i + 1}.\n" * 3
+
+
+class NextWord(Task):
+    """An evaluation task on the rhymes above: what follows ``N goat jumped over the fence``?
+    ``acc``: the right continuation (``,``) has the highest log-probability of the three;
+    ``right_logprob``: its log-probability."""
+
+    name = "next_word"
+    metrics = ("acc", "right_logprob")
+
+    def items(self, limit=None):
+        items = [(f"{i} goat jumped over the fence", (",", ".", " and"), 0) for i in range(1, 9)]
+        return items[:limit]
+
+    def requests(self, item, tokenizer):
+        context, choices, _ = item
+        return [(tokenizer.encode(context), tokenizer.encode(choice)) for choice in choices]
+
+    def item_metrics(self, item, scores):
+        best = max(range(len(scores)), key=lambda k: scores[k].logprob)
+        return {"acc": float(best == item[2]), "right_logprob": scores[item[2]].logprob}

@@ -111,3 +111,64 @@ def test_a_users_data_source_is_prepared_cached_and_trained_on(tmp_path):
                        r"\(.*\): use shakespeare, files, hub, or the dotted path"):
         prepare_dataset(tiny_cfg(tmp_path, "data.source=tests.nowhere.rhymes").data, tmp_path,
                         progress=False)
+
+
+# ---- an evaluation task ----------------------------------------------------------------------
+
+def _oracle(ckpt) -> dict:
+    """The task's metrics by hand: each choice's summed log-probability from the model's full
+    forward pass (no cache, no batching), the right answer first."""
+    from minigpt.checkpoint import load_checkpoint
+    from tests.extending_module import NextWord
+
+    model, tokenizer, _ = load_checkpoint(ckpt)
+    right, logprobs = [], []
+    for context, choices, label in NextWord().items():
+        sums = []
+        for choice in choices:
+            ids = tokenizer.encode(context + choice)
+            start = len(tokenizer.encode(context))
+            with torch.no_grad():
+                logits = model(torch.tensor([ids[:-1]]))[0]  # (T-1, V)
+            logp = torch.log_softmax(logits.double(), -1)
+            sums.append(sum(float(logp[t - 1, ids[t]]) for t in range(start, len(ids))))
+        right.append(max(range(len(sums)), key=sums.__getitem__) == label)
+        logprobs.append(sums[label])
+    return {"acc": sum(right) / len(right), "right_logprob": sum(logprobs) / len(logprobs)}
+
+
+def test_a_users_eval_task_is_scored_in_training_and_from_the_command_line(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    task = f"{USER}.NextWord"
+    summary = run(tiny_cfg(tmp_path, "data.name=rhymes", f"data.source={USER}.counting_rhymes",
+                           "data.tokenizer=char", "+data.source_args.animal=goat",
+                           "data.val_tokens=64", "trainer.max_steps=2", "eval.every=1",
+                           f"eval.tasks=[{task}]", "eval.batch_size=3", "logger=csv"),
+                  tmp_path / "run")
+    oracle = _oracle(summary["last"])  # the weights of the last validation, where it was scored
+    assert summary["eval/next_word/acc"] == oracle["acc"]
+    assert summary["eval/next_word/right_logprob"] == pytest.approx(oracle["right_logprob"],
+                                                                      abs=1e-4)
+    out = tmp_path / "result.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    shown = subprocess.run([sys.executable, "-m", "minigpt.eval", f"task={task}",
+                            f"ckpt_path={summary['last']}", f"out={out}", "device=cpu",
+                            "dtype=float32", "progress=false"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert (result["task"], result["n"], result["acc"]) == ("next_word", 8, oracle["acc"])
+    assert result["right_logprob"] == pytest.approx(oracle["right_logprob"], abs=1e-4)
+    assert shown.stdout.splitlines()[1].split()[:2] == ["next_word", "8"]
+    bad = subprocess.run([sys.executable, "-m", "minigpt.eval", "task=tests.extending_module.Nope",
+                          f"ckpt_path={summary['last']}"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    assert bad.stderr.strip().splitlines()[-1].endswith(
+        "task='tests.extending_module.Nope' is not an evaluation task (AttributeError: module "
+        "'tests.extending_module' has no attribute 'Nope'): use hellaswag, or the dotted path of "
+        "a minigpt.eval.task.Task subclass importable from the working directory")

@@ -13,6 +13,7 @@ from minigpt.config.reports import check_keys
 from minigpt.config.schema import EvalCommandSchema, GenerateSchema, TrainSchema
 from minigpt.data.config import DATA_RULES
 from minigpt.devices import DTYPES
+from minigpt.eval.registry import TASKS
 from minigpt.field_rules import OneOf, Range, Rule, Satisfies, field_problems
 from minigpt.model import GPT_CONFIG_RULES
 
@@ -66,6 +67,9 @@ TRAIN_RULES: dict[str, Rule] = {
     "logger.mode": OneOf(("online", "offline", "disabled")),
     "sample.max_new_tokens": AT_LEAST_0, "sample.temperature": AT_LEAST_0,
     "sample.top_k": AT_LEAST_1,
+    "eval.tasks": Satisfies(lambda t: isinstance(t, list) and all(
+        isinstance(n, str) and n for n in t), "a list of task names or dotted paths, e.g. "
+        "[hellaswag]"),
     "eval.every": AT_LEAST_0, "eval.limit": AT_LEAST_1, "eval.batch_size": AT_LEAST_1,
     "compile": OneOf(("auto", True, False)), "cpu_speedups": OneOf(("auto", False)),
     "threads": AT_LEAST_1, "peak_flops": POSITIVE,
@@ -76,7 +80,9 @@ GENERATE_RULES: dict[str, Rule] = {
     "decoder": OneOf(("auto", "eager", "compiled")),
 }
 EVAL_COMMAND_RULES: dict[str, Rule] = {
-    "task": OneOf(("hellaswag", "harness")), "dtype": OneOf(DTYPES),
+    "task": Satisfies(lambda t: t in ("harness", *TASKS) or isinstance(t, str)
+                      and "." in t.strip("."), f"one of {', '.join(TASKS)}, harness, or the "
+                      "dotted path of a minigpt.eval.task.Task subclass"), "dtype": OneOf(DTYPES),
     "batch_size": AT_LEAST_1, "max_gen_toks": AT_LEAST_1, "limit": AT_LEAST_1,
     "num_fewshot": AT_LEAST_0,
 }

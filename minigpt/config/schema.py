@@ -134,12 +134,15 @@ class SampleSchema:
 
 @dataclass
 class EvalSchema:
-    """``eval:`` of ``configs/train.yaml``: HellaSwag at validations (``minigpt.eval``)."""
+    """``eval:`` of ``configs/train.yaml``: evaluation tasks at validations (``minigpt.eval``),
+    logged as ``eval/<task>/<metric>``."""
 
+    tasks: list[str] = field(default_factory=lambda: ["hellaswag"])  # names or dotted paths
     every: int = 0  # every N validations; 0: off
-    limit: int | None = 1000  # the first N items; null: all
-    path: str | None = None  # a HellaSwag jsonl file; null: the validation set, downloaded once
-    batch_size: int = 16  # items per forward pass (four rows each)
+    limit: int | None = 1000  # the first N items of each task; null: all
+    path: str | None = None  # the tasks' item file (HellaSwag's jsonl); null: each task's own
+    # default set, downloaded once
+    batch_size: int = 16  # items per forward pass (HellaSwag: four rows each)
 
 
 @dataclass
@@ -201,7 +204,8 @@ class GenerateSchema:
 class EvalCommandSchema:
     """``configs/eval.yaml`` (``python -m minigpt.eval``)."""
 
-    task: str = "hellaswag"  # hellaswag | harness (the `harness` first argument sets it)
+    task: str = "hellaswag"  # hellaswag | harness (the `harness` first argument sets it) | the
+    # dotted path of a minigpt.eval.task.Task subclass
     ckpt_path: str | None = None  # a .ckpt file; null: the newest last.ckpt under checkpoints_root
     checkpoints_root: str = "outputs"
     pretrained: str | None = None  # a Hugging Face GPT-2 directory instead of a checkpoint

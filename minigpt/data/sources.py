@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from minigpt.data.config import DataConfig, DataError
+from minigpt.dotted import named_object
 from minigpt.errors import first_line
 
 ENCODED_BUILDERS = ("text", "json", "csv")  # datasets builders that take encoding=
@@ -215,16 +216,9 @@ class UserSource(Source):
         self.path = path
 
     def documents(self):
-        """The object the path names (imported with Hydra's ``get_object``)."""
-        from hydra.utils import get_object
-
-        try:
-            found = get_object(self.path)
-        except Exception as e:
-            found, why = None, first_line(e, root_cause=True)
-        else:
-            why = "not callable"
-        if not callable(found):
+        """The function or class the path names."""
+        found, why = named_object(self.path, callable, "not callable")
+        if found is None:
             raise DataError(f"data.source={self.path!r} is not a source ({why}): use shakespeare, "
                             "files, hub, or the dotted path of a function or class yielding "
                             "documents, importable from the working directory")

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from minigpt.config.schema import OptimSchema
-from minigpt.errors import ConfigError, first_line
+from minigpt.dotted import named_object
+from minigpt.errors import ConfigError
 from minigpt.model import GPT, Block
 from minigpt.train.qkv_split import hand_over_grads, muon_parameters, split_qkv
 
@@ -126,17 +127,12 @@ def block_matrices(model: nn.Module) -> list[nn.Parameter]:
 
 def optimizer_class(path: str, key: str = "optimizer") -> type[torch.optim.Optimizer]:
     """The ``torch.optim.Optimizer`` subclass a dotted path names (``torch.optim.AdamW``, a
-    user's ``mypackage.optimizers.MyOptimizer``), imported with Hydra's ``get_class``; a path
+    user's ``mypackage.optimizers.MyOptimizer``), imported with Hydra's ``get_object``; a path
     that does not name one is one line naming ``optim.<key>`` and the fix."""
-    from hydra.utils import get_class
-
-    try:
-        cls = get_class(path)
-    except Exception as e:  # ImportError, AttributeError, ValueError (not a class)
-        cls, why = None, first_line(e, root_cause=True)
-    else:
-        why = "not a torch.optim.Optimizer subclass"
-    if cls is None or not issubclass(cls, torch.optim.Optimizer):
+    cls, why = named_object(path, lambda c: isinstance(c, type)
+                            and issubclass(c, torch.optim.Optimizer),
+                            "not a torch.optim.Optimizer subclass")
+    if cls is None:
         raise ConfigError(f"optim.{key}={path!r} is not an optimizer class ({why}): give the "
                           "dotted path of a torch.optim.Optimizer subclass importable from the "
                           "working directory, e.g. torch.optim.SGD or mypackage.optim.MyOptimizer")
