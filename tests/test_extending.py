@@ -81,6 +81,17 @@ def test_a_users_optimizer_trains_and_resumes_exactly(tmp_path, data_root, role)
             tmp_path / "other")
 
 
+def test_the_muon_preset_is_the_same_mechanism_and_its_name_alone_is_refused(tmp_path):
+    from minigpt.config import TrainSchema, train_problems, typed
+
+    muon = typed(tiny_cfg(tmp_path, "optim=muon"), TrainSchema).optim
+    assert (muon.optimizer, muon.matrix_optimizer) == ("torch.optim.AdamW", "torch.optim.Muon")
+    named_only = typed(tiny_cfg(tmp_path, "optim.name=muon"), TrainSchema)
+    assert train_problems(named_only) == [
+        "optim.name=muon without optim.matrix_optimizer would train with AdamW alone: choose "
+        "optim=muon, or set optim.matrix_optimizer=torch.optim.Muon"]
+
+
 # ---- a data source ---------------------------------------------------------------------------
 
 def test_a_users_data_source_is_prepared_cached_and_trained_on(tmp_path):

@@ -120,6 +120,9 @@ def spanning_problems(train: TrainSchema) -> list[str]:
     o, t, problems = train.optim, train.trainer, []
     if isinstance(o.lr, float | int) and isinstance(o.min_lr, float | int) and o.min_lr > o.lr > 0:
         problems.append(f"optim.min_lr={o.min_lr} must not exceed optim.lr={o.lr}")
+    if o.name == "muon" and o.matrix_optimizer is None:  # the preset's name alone picks no class
+        problems.append("optim.name=muon without optim.matrix_optimizer would train with AdamW "
+                        "alone: choose optim=muon, or set optim.matrix_optimizer=torch.optim.Muon")
     if o.head_lr is not None and train.model.tie_head:
         problems.append(f"optim.head_lr={o.head_lr} needs model.tie_head=false (a tied head is "
                         "the token embedding): set optim.head_lr=null, and optim.embedding_lr "
