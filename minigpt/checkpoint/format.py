@@ -8,8 +8,9 @@ tensors and plain types only, so ``torch.load(weights_only=True)`` reads it:
 - the model's weights, prefixed ``model.`` (the training module's attribute, never
   ``_orig_mod.``): under ``model`` in ``format_version`` 2, under ``state_dict`` in version 1
   (written by Lightning's Trainer; still read and resumed);
-- for resuming: the optimizers by name (``OPTIMIZER_NAMES``), ``schedulers``, ``data`` (the
-  position in the batches), ``global_step``, ``best_val_loss``, ``val_loss`` and
+- for resuming: the optimizers by name (``optimizer`` for AdamW, else the class's lower-case
+  name: ``minigpt.train.optim.checkpoint_name``), their ``schedulers`` by the same names,
+  ``data`` (the position in the batches), ``global_step``, ``best_val_loss``, ``val_loss`` and
   ``rng_states`` (one per process). Version 1 keeps them under ``LEGACY_KEYS``' names.
 
 A sharded FSDP checkpoint is a directory: ``torch.distributed.checkpoint`` files with each
@@ -25,7 +26,6 @@ READABLE_VERSIONS = (1, 2)
 METADATA_KEY = "minigpt"
 MODEL_PREFIX = "model."
 WEIGHTS_KEYS = ("model", "state_dict")  # where the weights sit: version 2, version 1
-OPTIMIZER_NAMES = ("optimizer", "muon")  # AdamW (alone, or for what Muon does not step), Muon
 # Version 1 (Lightning's Trainer): where its parts sit, by the name version 2 gives them.
 LEGACY_KEYS = {"model": "state_dict", "optimizer": "optimizer_states",
                "sharded_optimizer": "optimizer_0", "schedulers": "lr_schedulers",

@@ -20,7 +20,6 @@ from lightning.fabric import Fabric
 from minigpt.checkpoint.format import (
     LEGACY_KEYS,
     METADATA_KEY,
-    OPTIMIZER_NAMES,
     is_sharded_checkpoint,
 )
 from minigpt.checkpoint.read import read_checkpoint
@@ -59,8 +58,9 @@ def read_resume_point(path: str, max_steps: int) -> ResumePoint:
         raise ConfigError(f"ckpt_path={path} records a model this minigpt cannot build: {e}") \
             from None
     version = int(meta["format_version"])
+    # each optimizer has a scheduler of its name (minigpt.train.optim.checkpoint_name)
     optimizers = None if version < 2 or is_sharded_checkpoint(path) \
-        else frozenset(k for k in OPTIMIZER_NAMES if k in checkpoint)
+        else frozenset(checkpoint.get("schedulers") or ())
     return ResumePoint(str(path), step, model_config, dict(meta["tokenizer"]), version, optimizers)
 
 

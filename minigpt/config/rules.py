@@ -13,6 +13,7 @@ from minigpt.config.reports import check_keys
 from minigpt.config.schema import EvalCommandSchema, GenerateSchema, TrainSchema
 from minigpt.data.config import DATA_RULES
 from minigpt.devices import DTYPES
+from minigpt.eval.registry import TASKS
 from minigpt.field_rules import OneOf, Range, Rule, Satisfies, field_problems
 from minigpt.model import GPT_CONFIG_RULES
 
@@ -31,8 +32,15 @@ def _under(prefix: str, rules: dict[str, Rule]) -> dict[str, Rule]:
     return {f"{prefix}.{key}": rule for key, rule in rules.items()}
 
 
+CLASS_PATH = Satisfies(lambda v: v is None or isinstance(v, str) and "." in v.strip("."),
+                       "a dotted class path such as torch.optim.SGD or mypackage.optim.MyOptimizer")
+KEYWORDS = Satisfies(lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+                     "keyword arguments: +optim.<field>.<name>=<value>")
 OPTIM_RULES = {
-    "name": OneOf(("adamw", "muon")), "schedule": OneOf(("cosine", "wsd")),
+    "name": Satisfies(lambda n: isinstance(n, str) and bool(n), "a preset name such as adamw"),
+    "optimizer": CLASS_PATH, "matrix_optimizer": CLASS_PATH,
+    "optimizer_kwargs": KEYWORDS, "matrix_kwargs": KEYWORDS,
+    "schedule": OneOf(("cosine", "wsd")),
     "cooldown_fraction": Range(0, 1, low_open=True),
     "lr": POSITIVE, "min_lr": AT_LEAST_0, "embedding_lr": POSITIVE, "head_lr": POSITIVE,
     "warmup_steps": AT_LEAST_0, "decay_steps": AT_LEAST_0, "weight_decay": AT_LEAST_0,
@@ -59,6 +67,9 @@ TRAIN_RULES: dict[str, Rule] = {
     "logger.mode": OneOf(("online", "offline", "disabled")),
     "sample.max_new_tokens": AT_LEAST_0, "sample.temperature": AT_LEAST_0,
     "sample.top_k": AT_LEAST_1,
+    "eval.tasks": Satisfies(lambda t: isinstance(t, list) and all(
+        isinstance(n, str) and n for n in t), "a list of task names or dotted paths, e.g. "
+        "[hellaswag]"),
     "eval.every": AT_LEAST_0, "eval.limit": AT_LEAST_1, "eval.batch_size": AT_LEAST_1,
     "compile": OneOf(("auto", True, False)), "cpu_speedups": OneOf(("auto", False)),
     "threads": AT_LEAST_1, "peak_flops": POSITIVE,
@@ -69,7 +80,9 @@ GENERATE_RULES: dict[str, Rule] = {
     "decoder": OneOf(("auto", "eager", "compiled")),
 }
 EVAL_COMMAND_RULES: dict[str, Rule] = {
-    "task": OneOf(("hellaswag", "harness")), "dtype": OneOf(DTYPES),
+    "task": Satisfies(lambda t: t in ("harness", *TASKS) or isinstance(t, str)
+                      and "." in t.strip("."), f"one of {', '.join(TASKS)}, harness, or the "
+                      "dotted path of a minigpt.eval.task.Task subclass"), "dtype": OneOf(DTYPES),
     "batch_size": AT_LEAST_1, "max_gen_toks": AT_LEAST_1, "limit": AT_LEAST_1,
     "num_fewshot": AT_LEAST_0,
 }
@@ -107,6 +120,9 @@ def spanning_problems(train: TrainSchema) -> list[str]:
     o, t, problems = train.optim, train.trainer, []
     if isinstance(o.lr, float | int) and isinstance(o.min_lr, float | int) and o.min_lr > o.lr > 0:
         problems.append(f"optim.min_lr={o.min_lr} must not exceed optim.lr={o.lr}")
+    if o.name == "muon" and o.matrix_optimizer is None:  # the preset's name alone picks no class
+        problems.append("optim.name=muon without optim.matrix_optimizer would train with AdamW "
+                        "alone: choose optim=muon, or set optim.matrix_optimizer=torch.optim.Muon")
     if o.head_lr is not None and train.model.tie_head:
         problems.append(f"optim.head_lr={o.head_lr} needs model.tie_head=false (a tied head is "
                         "the token embedding): set optim.head_lr=null, and optim.embedding_lr "

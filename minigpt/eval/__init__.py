@@ -1,4 +1,5 @@
-"""Scoring a checkpoint on benchmarks: HellaSwag completion-style (``minigpt.eval.hellaswag``),
+"""Scoring a checkpoint on benchmarks: evaluation tasks (``minigpt.eval.task``: one class each;
+HellaSwag completion-style, ``minigpt.eval.hellaswag``; a user's own by its dotted path),
 during training and from the command line, and every other benchmark through
 lm-evaluation-harness (``minigpt.eval.harness``, an optional extra: ``pip install -e '.[eval]'``).
 
@@ -8,6 +9,7 @@ are the commands (``configs/eval.yaml``). The harness module is not imported her
 """
 
 from minigpt.eval.hellaswag import (
+    HellaSwag,
     HellaSwagError,
     Item,
     Result,
@@ -15,21 +17,28 @@ from minigpt.eval.hellaswag import (
     read_items,
     score_items,
 )
+from minigpt.eval.registry import TASKS, task_class
 from minigpt.eval.scoring import Score, fit_row, score_groups, score_pairs, score_rows
-from minigpt.eval.training import hellaswag_in_training, training_items
+from minigpt.eval.task import Task, evaluate
+from minigpt.eval.training import tasks_in_training, training_items
 
 __all__ = [
+    "TASKS",
+    "HellaSwag",
     "HellaSwagError",
     "Item",
     "Result",
     "Score",
     "fit_row",
-    "hellaswag_in_training",
+    "evaluate",
     "load_items",
     "read_items",
     "score_items",
     "score_groups",
     "score_pairs",
     "score_rows",
+    "Task",
+    "task_class",
+    "tasks_in_training",
     "training_items",
 ]

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from minigpt.errors import UserError, first_line
 from minigpt.eval.scoring import Score, score_pairs
+from minigpt.eval.task import Task, evaluate
 from minigpt.files import TextFileError, atomic_write, text_lines
 
 VALIDATION_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -142,6 +143,31 @@ def load_items(path=None, limit: int | None = None, cache_dir="data/eval") -> li
     return read_items(download_validation(cache_dir) if path is None else path, limit)
 
 
+class HellaSwag(Task):
+    """HellaSwag as a ``Task``: four requests per item (the context, then ``" " + ending``);
+    ``acc`` by summed, ``acc_norm`` by mean log-probability; the result lists each item's
+    ending by ``acc_norm`` (``choices``)."""
+
+    name = "hellaswag"
+    metrics = ("acc", "acc_norm")
+
+    def items(self, limit: int | None = None) -> list[Item]:
+        return load_items(self.path, limit, self.cache_dir)
+
+    def requests(self, item: Item, tokenizer) -> list[tuple[list[int], list[int]]]:
+        context = tokenizer.encode(item.context)
+        return [(context, tokenizer.encode(" " + ending)) for ending in item.endings]
+
+    def item_metrics(self, item: Item, scores: Sequence[Score]) -> dict:
+        by_sum = max(range(4), key=lambda k: scores[k].logprob)
+        by_mean = max(range(4), key=lambda k: scores[k].logprob / scores[k].tokens)
+        return {"acc": float(by_sum == item.label), "acc_norm": float(by_mean == item.label),
+                "choice": by_mean}
+
+    def summary(self, per_item: list[dict]) -> dict:
+        return {"choices": [r["choice"] for r in per_item]}
+
+
 def item_scores(model, tokenizer, items: Sequence[Item], *, batch_size: int = 16, device="cpu",
                 autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
                 progress: Callable[[int], None] | None = None,
@@ -149,10 +175,7 @@ def item_scores(model, tokenizer, items: Sequence[Item], *, batch_size: int = 16
     """The four endings' ``Score``s of each item (``score_pairs``: each context runs once), and
     how many items had their context cut from the left to fit the model. ``batch_size``: items
     per forward pass; ``progress(k)``: after each batch of ``k`` endings."""
-    pairs = []
-    for item in items:
-        context = tokenizer.encode(item.context)
-        pairs += [(context, tokenizer.encode(" " + ending)) for ending in item.endings]
+    pairs = [pair for item in items for pair in HellaSwag().requests(item, tokenizer)]
     scores, cut = score_pairs(model, pairs, batch_size=4 * batch_size, device=device,
                               autocast=autocast, progress=progress,
                               through_forward=through_forward)
@@ -166,26 +189,7 @@ def score_items(model, tokenizer, items: Sequence[Item], *, batch_size: int = 16
     """Score ``items`` with ``model`` (a ``GPT``); ``batch_size`` items (four rows each) per
     forward pass. See ``score_rows`` for ``autocast`` and ``through_forward``; ``progress``
     shows a bar on stderr."""
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=4 * len(items), desc="hellaswag endings", unit="ending")
-    try:
-        scores, truncated = item_scores(
-            model, tokenizer, items, batch_size=batch_size, device=device, autocast=autocast,
-            progress=None if bar is None else bar.update, through_forward=through_forward)
-    finally:
-        if bar is not None:
-            bar.close()
-    right = right_norm = 0
-    choices = []
-    for four, item in zip(scores, items, strict=True):
-        by_sum = max(range(4), key=lambda k: four[k].logprob)
-        by_mean = max(range(4), key=lambda k: four[k].logprob / four[k].tokens)
-        right += by_sum == item.label
-        right_norm += by_mean == item.label
-        choices.append(by_mean)
-    n = len(items)
-    return Result(right / n, right_norm / n, n, truncated, choices)
-
+    result = evaluate(HellaSwag(), model, tokenizer, items, batch_size=batch_size, device=device,
+                      autocast=autocast, progress=progress, through_forward=through_forward)
+    return Result(result["acc"], result["acc_norm"], result["n"], result["truncated"],
+                  result["choices"])

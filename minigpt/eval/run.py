@@ -24,22 +24,16 @@ def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
     cfg = typed(cfg, EvalCommandSchema)
     _check_options(cfg)
     check_device(cfg.device)  # before the items and the model are read
-    if cfg.task == "hellaswag":  # read the items before the model: a bad file fails at once
-        from minigpt.eval.hellaswag import load_items
-
-        items = load_items(cfg.path, cfg.limit, cfg.cache_dir)
-    else:
+    if cfg.task == "harness":
         tasks = _task_list(cfg.tasks)
         from minigpt.eval.harness import MiniGPTLM, run_harness  # fails here without lm_eval
-    model, tokenizer, source, device, autocast = _load(cfg)
-    if cfg.task == "hellaswag":
-        from minigpt.eval.hellaswag import score_items
+    else:  # read the items before the model: a bad file fails at once
+        from minigpt.eval.registry import task_class
 
-        result = {"source": source, **score_items(
-            model, tokenizer, items, batch_size=cfg.batch_size, device=device, autocast=autocast,
-            progress=cfg.progress).to_dict()}
-        out.write(hellaswag_table(result) + "\n")
-    else:
+        task = task_class(cfg.task)(cfg.path, cfg.cache_dir)
+        items = task.items(cfg.limit)
+    model, tokenizer, source, device, autocast = _load(cfg)
+    if cfg.task == "harness":
         lm = MiniGPTLM(model, tokenizer, batch_size=cfg.batch_size, device=device,
                        autocast=autocast, max_gen_toks=cfg.max_gen_toks)
         results = run_harness(lm, tasks, num_fewshot=cfg.num_fewshot,
@@ -49,17 +43,27 @@ def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
         out.write(make_table(results) + "\n")
         result = {"source": source, **{k: results[k] for k in ("results", "versions", "n-shot",
                                                                 "config") if k in results}}
+    else:
+        from minigpt.eval.task import evaluate
+
+        result = {"source": source, **evaluate(
+            task, model, tokenizer, items, batch_size=cfg.batch_size, device=device,
+            autocast=autocast, progress=cfg.progress)}
+        out.write(task_table(result, task.metrics) + "\n")
     out.flush()
     if cfg.out is not None:
         _write_json(cfg.out, result)
     return result
 
 
-def hellaswag_table(result: dict) -> str:
-    """A two-line table of a HellaSwag result."""
-    return (f"{'task':<10} {'n':>6} {'acc':>7} {'acc_norm':>9} {'truncated':>10}\n"
-            f"{'hellaswag':<10} {result['n']:>6} {result['acc']:>7.4f} "
-            f"{result['acc_norm']:>9.4f} {result['truncated']:>10}")
+def task_table(result: dict, metrics) -> str:
+    """A two-line table of a task's result: its name, item count, metrics, truncated items."""
+    name_width = max(10, len(result["task"]) + 1)
+    widths = {m: max(7, len(m) + 1) for m in metrics}
+    head = "".join(f" {m:>{w}}" for m, w in widths.items())
+    values = "".join(f" {result[m]:>{w}.4f}" for m, w in widths.items())
+    return (f"{'task':<{name_width}} {'n':>6}{head} {'truncated':>10}\n"
+            f"{result['task']:<{name_width}} {result['n']:>6}{values} {result['truncated']:>10}")
 
 
 def _load(cfg: DictConfig):
@@ -91,7 +95,7 @@ def _check_options(cfg: EvalCommandSchema) -> None:
     problems = settings_problems(cfg)
     if cfg.ckpt_path is not None and cfg.pretrained is not None:
         problems.append("give ckpt_path or pretrained, not both")
-    if cfg.task == "hellaswag" and cfg.tasks is not None:
+    if cfg.task != "harness" and cfg.tasks is not None:
         problems.append("tasks= is for the harness: python -m minigpt.eval harness tasks=...")
     if problems:
         raise UserError("; ".join(problems))

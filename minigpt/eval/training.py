@@ -1,9 +1,10 @@
-"""HellaSwag inside a training run: what the loop calls, given the ``eval:`` block of
-``configs/train.yaml`` (``every``, ``limit``, ``path``, ``batch_size``).
+"""Evaluation tasks inside a training run: what the loop calls, given the ``eval:`` block of
+``configs/train.yaml`` (``tasks``, ``every``, ``limit``, ``path``, ``batch_size``).
 
-Its values are checked with the rest of the run's config (``minigpt.config.rules``); the loop
-loads the items once with ``training_items`` (``None`` when off), and every ``eval.every`` validations logs
-``hellaswag_in_training(...)`` to its loggers and ``summary.json``.
+Its values are checked with the rest of the run's config (``minigpt.config.rules``); the run
+loads each task's items once with ``training_items`` (``None`` when off), and every
+``eval.every`` validations the loop logs ``tasks_in_training(...)`` (``eval/<task>/<metric>``)
+to its loggers and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -11,38 +12,53 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from minigpt.eval.hellaswag import Item, load_items, score_items
+from minigpt.eval.registry import task_class
+from minigpt.eval.task import Task, evaluate
 
 if TYPE_CHECKING:
     from minigpt.config import EvalSchema
 
-EVAL_CACHE = "eval"  # under data_root: where the validation set is downloaded once
+EVAL_CACHE = "eval"  # under data_root: where a task's default items are downloaded once
 
 
-def training_items(eval_cfg: EvalSchema, data_root) -> list[Item] | None:
-    """The items the run scores (the first ``eval.limit`` of ``eval.path``, or of the
-    validation set downloaded once into ``<data_root>/eval``), or ``None`` with ``every: 0``."""
+def training_items(eval_cfg: EvalSchema, data_root) -> list[tuple[Task, Sequence[Any]]] | None:
+    """Each task of ``eval.tasks`` with the items the run scores (the first ``eval.limit`` of
+    ``eval.path``, or of the task's default set, downloaded once into ``<data_root>/eval``),
+    or ``None`` with ``every: 0``."""
     if not eval_cfg.every:
         return None
-    return load_items(eval_cfg.path, eval_cfg.limit, Path(data_root) / EVAL_CACHE)
+    return [(task, task.items(eval_cfg.limit)) for task in training_tasks(eval_cfg, data_root)]
 
 
-def hellaswag_in_training(model, tokenizer, items: Sequence[Item], device, batch_size: int = 16,
-                          autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
-                          through_forward: bool = False) -> dict[str, float]:
-    """The metrics the loop logs at a validation: ``{"eval/hellaswag_acc": ...,
-    "eval/hellaswag_acc_norm": ...}`` for ``items`` (``training_items``, loaded once).
+def training_tasks(eval_cfg: EvalSchema, data_root) -> list[Task]:
+    """The tasks ``eval.tasks`` names (none with ``every: 0``), their items not read yet: a
+    name that is not a task fails here, before a run does any work."""
+    if not eval_cfg.every:
+        return []
+    return [task_class(name, "eval.tasks")(eval_cfg.path, Path(data_root) / EVAL_CACHE)
+            for name in eval_cfg.tasks]
+
+
+def tasks_in_training(model, tokenizer, tasks: Sequence[tuple[Task, Sequence[Any]]], device,
+                      batch_size: int = 16,
+                      autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+                      through_forward: bool = False) -> dict[str, float]:
+    """The metrics the loop logs at a validation, ``{"eval/<task>/<metric>": value}``, for each
+    task's items (``training_items``, loaded once).
 
     ``model``: the ``GPT`` being trained, back in its training mode afterwards; ``autocast``:
     e.g. ``fabric.autocast``. By default the scorer calls ``model.hidden_states`` and
-    ``model.logits`` (the head only where an ending is scored): pass the plain module
+    ``model.logits`` (the head only where a continuation is scored): pass the plain module
     (``fabric_model.module``; Fabric refuses calls of methods other than ``forward`` on its DDP
     wrapper, and the plain module holds the same weights). With FSDP, whose weights gather only
     inside ``forward``, pass the Fabric-wrapped model and ``through_forward=True`` (every
     position's logits: slower). Every rank computes the same numbers from the same items.
     """
-    result = score_items(model, tokenizer, items, batch_size=batch_size, device=device,
-                         autocast=autocast, through_forward=through_forward)
-    return {"eval/hellaswag_acc": result.acc, "eval/hellaswag_acc_norm": result.acc_norm}
+    metrics = {}
+    for task, items in tasks:
+        result = evaluate(task, model, tokenizer, items, batch_size=batch_size, device=device,
+                          autocast=autocast, through_forward=through_forward)
+        metrics.update({f"eval/{task.name}/{m}": result[m] for m in task.metrics})
+    return metrics

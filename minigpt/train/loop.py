@@ -28,7 +28,7 @@ from minigpt.checkpoint.format import BEST, LAST
 from minigpt.checkpoint.write import CheckpointFiles, training_state
 from minigpt.config import TrainSchema
 from minigpt.data import TokenDataModule
-from minigpt.eval.training import hellaswag_in_training
+from minigpt.eval.training import tasks_in_training
 from minigpt.model import GPT
 from minigpt.train.interrupt import StopRequest
 from minigpt.train.plan import RunPlan
@@ -101,8 +101,8 @@ class Loop:
 
     Collaborators: ``fabric``; ``module`` (``ModelWithLoss``, set up by Fabric); ``optimizers``
     and ``schedulers`` by name (``"optimizer"``: AdamW, ``"muon"``); ``data``; ``checkpoints``;
-    ``sampler``; ``eval_items`` (HellaSwag items scored every ``eval.every`` validations, or
-    None). Settings: ``plan`` (resolved once, batch included) and ``settings``, the run's typed
+    ``sampler``; ``eval_items`` (each evaluation task with its items, scored every
+    ``eval.every`` validations, or None). Settings: ``plan`` (resolved once, batch included) and ``settings``, the run's typed
     config. ``bytes_per_token``: UTF-8 bytes per validation token, for bits per byte."""
 
     def __init__(self, fabric: Fabric, plan: RunPlan, settings: TrainSchema, *,
@@ -242,10 +242,10 @@ class Loop:
             self.checkpoints.write(LAST, state)
 
     def evaluate(self, step: int) -> None:
-        """HellaSwag on ``eval_items`` (every rank the same numbers; under FSDP with every
-        weight gathered for the scorer), logged as ``eval/hellaswag_acc``, ``_acc_norm``."""
+        """The tasks of ``eval_items`` (every rank the same numbers; under FSDP with every
+        weight gathered for the scorer), logged as ``eval/<task>/<metric>``."""
         with gathered_parameters(self.module, recurse=True):
-            self.eval_metrics = hellaswag_in_training(
+            self.eval_metrics = tasks_in_training(
                 self.model, self.sampler.tokenizer, self.eval_items, self.fabric.device,
                 batch_size=self.settings.eval.batch_size, autocast=self.fabric.autocast)
         self.log(self.eval_metrics, step)

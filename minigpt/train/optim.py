@@ -1,11 +1,14 @@
-"""Optimizer math: parameter groups, AdamW alone or Muon for the blocks' matrices with AdamW for
-the rest, and the learning-rate schedules (warmup + cosine, warmup-stable-decay).
+"""Optimizers and their math: parameter groups; one optimizer class for the whole model, or one
+for the blocks' matrices beside another for the rest (AdamW, and Muon for the matrices with
+``optim=muon``; any ``torch.optim.Optimizer`` subclass by its dotted path, a user's own
+included); the learning-rate schedules (warmup + cosine, warmup-stable-decay).
 
 Pure functions with tests; the run wires them together.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from functools import partial
 
@@ -13,6 +16,7 @@ import torch
 from torch import nn
 
 from minigpt.config.schema import OptimSchema
+from minigpt.dotted import named_object
 from minigpt.errors import ConfigError
 from minigpt.model import GPT, Block
 from minigpt.train.qkv_split import hand_over_grads, muon_parameters, split_qkv
@@ -121,53 +125,100 @@ def block_matrices(model: nn.Module) -> list[nn.Parameter]:
     return found
 
 
-def adamw(model: nn.Module, optim: OptimSchema, *, fused: bool,
-          exclude: set[int] = frozenset()):
-    """AdamW over ``param_groups``. ``fused`` steps all parameters of a group in one kernel; the
-    caller decides where that is allowed."""
-    return torch.optim.AdamW(
-        param_groups(model, optim.weight_decay, exclude, embedding_lr=optim.embedding_lr,
-                     head_lr=optim.head_lr), lr=optim.lr,
-        betas=(optim.beta1, optim.beta2), eps=optim.eps,
-        **({"fused": True} if fused else {}),
-    )
+def optimizer_class(path: str, key: str = "optimizer") -> type[torch.optim.Optimizer]:
+    """The ``torch.optim.Optimizer`` subclass a dotted path names (``torch.optim.AdamW``, a
+    user's ``mypackage.optimizers.MyOptimizer``), imported with Hydra's ``get_object``; a path
+    that does not name one is one line naming ``optim.<key>`` and the fix."""
+    cls, why = named_object(path, lambda c: isinstance(c, type)
+                            and issubclass(c, torch.optim.Optimizer),
+                            "not a torch.optim.Optimizer subclass")
+    if cls is None:
+        raise ConfigError(f"optim.{key}={path!r} is not an optimizer class ({why}): give the "
+                          "dotted path of a torch.optim.Optimizer subclass importable from the "
+                          "working directory, e.g. torch.optim.SGD or mypackage.optim.MyOptimizer")
+    return cls
+
+
+def checkpoint_name(cls: type) -> str:
+    """The name an optimizer's state is saved under in a checkpoint: ``optimizer`` for AdamW
+    (every checkpoint since the first), else its class name in lower case (Muon: ``muon``), so
+    resuming with another optimizer class is refused by name."""
+    return "optimizer" if cls is torch.optim.AdamW else cls.__name__.lower()
+
+
+def _accepted(cls: type, settings: dict) -> dict:
+    """The ``settings`` that ``cls``'s constructor names as parameters: minigpt's AdamW and
+    Muon settings (betas, eps, momentum, ...) reach any class that takes them, and no other."""
+    parameters = inspect.signature(cls.__init__).parameters
+    return {k: v for k, v in settings.items() if k in parameters}
+
+
+def main_optimizer(model: nn.Module, optim: OptimSchema, *, fused: bool,
+                   exclude: set[int] = frozenset()) -> torch.optim.Optimizer:
+    """``optim.optimizer`` (AdamW by default) over ``param_groups`` at ``optim.lr``, with
+    ``beta1``/``beta2``/``eps`` where the class takes them and ``optim.optimizer_kwargs`` last.
+    ``fused`` steps all parameters of a group in one kernel; the caller decides where that is
+    allowed."""
+    cls = optimizer_class(optim.optimizer)
+    settings = _accepted(cls, {"betas": (optim.beta1, optim.beta2), "eps": optim.eps,
+                               **({"fused": True} if fused else {})})
+    groups = param_groups(model, optim.weight_decay, exclude, embedding_lr=optim.embedding_lr,
+                          head_lr=optim.head_lr)
+    return cls(groups, lr=optim.lr, **{**settings, **optim.optimizer_kwargs})
+
+
+def matrix_optimizer(model: nn.Module, optim: OptimSchema) -> torch.optim.Optimizer:
+    """``optim.matrix_optimizer`` (``optim=muon``: ``torch.optim.Muon``) over
+    ``block_matrices`` at ``optim.muon_lr``, with ``muon_weight_decay``, ``muon_momentum``,
+    Nesterov and ``muon_adjust_lr`` where the class takes them, ``optim.matrix_kwargs`` last.
+    ``muon_split_qkv``: queries, keys and values as three matrices (``minigpt.train.qkv_split``)."""
+    cls = optimizer_class(optim.matrix_optimizer, "matrix_optimizer")
+    settings = _accepted(cls, {"weight_decay": optim.muon_weight_decay,
+                               "momentum": optim.muon_momentum, "nesterov": True,
+                               "adjust_lr_fn": optim.muon_adjust_lr})
+    splits = split_qkv(model) if optim.muon_split_qkv else []
+    optimizer = cls(muon_parameters(block_matrices(model), splits), lr=optim.muon_lr,
+                    **{**settings, **optim.matrix_kwargs})
+    hand_over_grads(optimizer, splits)
+    return optimizer
 
 
 def build_optimizers(model: nn.Module, optim: OptimSchema | dict, *, fused: bool) -> dict:
-    """``{"optimizer": AdamW}`` for ``optim.name=adamw``; for ``muon`` also ``{"muon": Muon}`` over
-    ``block_matrices`` (its own lr, momentum and weight decay; ``muon_split_qkv``: queries, keys
-    and values as three matrices, ``minigpt.train.qkv_split``), AdamW keeping the rest."""
+    """The run's optimizers by their ``checkpoint_name``: ``main_optimizer`` for the whole
+    model, or, with ``optim.matrix_optimizer`` set, ``matrix_optimizer`` for the blocks'
+    matrices and ``main_optimizer`` for the rest (``{"optimizer": AdamW, "muon": Muon}``)."""
     optim = as_optim(optim)
-    if optim.name != "muon":
-        return {"optimizer": adamw(model, optim, fused=fused)}
-    muon_class = getattr(torch.optim, "Muon", None)
-    if muon_class is None:
-        raise ConfigError(f"optim=muon needs torch.optim.Muon (torch 2.9 or later; this is "
-                          f"torch {torch.__version__}): upgrade torch or train with optim=adamw")
-    matrices = block_matrices(model)
-    splits = split_qkv(model) if optim.muon_split_qkv else []
-    muon = muon_class(muon_parameters(matrices, splits), lr=optim.muon_lr,
-                      weight_decay=optim.muon_weight_decay, momentum=optim.muon_momentum,
-                      nesterov=True, adjust_lr_fn=optim.muon_adjust_lr)
-    hand_over_grads(muon, splits)
-    rest = adamw(model, optim, fused=fused, exclude={id(p) for p in matrices})
-    return {"optimizer": rest, "muon": muon}
+    if optim.matrix_optimizer is None:
+        main = main_optimizer(model, optim, fused=fused)
+        return {checkpoint_name(type(main)): main}
+    matrices = matrix_optimizer(model, optim)
+    rest = main_optimizer(model, optim, fused=fused,
+                          exclude={id(p) for p in block_matrices(model)})
+    names = [checkpoint_name(type(rest)), checkpoint_name(type(matrices))]
+    if names[0] == names[1]:  # one class for both: the matrices' gets a name of its own
+        names[1] = f"matrix_{names[1]}"
+    return dict(zip(names, (rest, matrices), strict=True))
 
 
-def check_muon_runs(optim_name: str, strategy: str, precision: str) -> None:
-    """Muon where it cannot run: a one-line error naming the way out."""
-    if optim_name != "muon":
+def check_optimizers_run(optim: OptimSchema, strategy: str, precision: str) -> None:
+    """Before any work: each optimizer class imports, and a matrix optimizer is not asked to
+    run where it cannot. One-line errors naming the way out."""
+    optimizer_class(optim.optimizer)
+    if optim.matrix_optimizer is None:
         return
+    optimizer_class(optim.matrix_optimizer, "matrix_optimizer")
+    chosen = f"optim.matrix_optimizer={optim.matrix_optimizer} (optim={optim.name})"
     if strategy == "fsdp":
-        raise ConfigError("optim=muon does not run under trainer=fsdp (FSDP hands the optimizer "
-                          "flattened shards, not the matrices Muon orthogonalizes); use "
-                          "trainer=ddp, or optim=adamw with FSDP")
+        raise ConfigError(f"{chosen} does not run under trainer=fsdp (FSDP hands the optimizer "
+                          "flattened shards, not the block matrices); use trainer=ddp, or "
+                          "optim=adamw with FSDP")
     if precision.startswith("16"):
-        raise ConfigError(f"optim=muon does not run with trainer.precision={precision} (one "
+        raise ConfigError(f"{chosen} does not run with trainer.precision={precision} (one "
                           "gradient scaler for two optimizers); use bf16-mixed or 32-true")
 
 
 def adamw_with_schedule(model: nn.Module, optim: OptimSchema | dict, *, fused: bool):
-    """AdamW over ``param_groups`` and its per-step schedule (``schedule_for``)."""
-    optimizer = adamw(model, as_optim(optim), fused=fused)
+    """``main_optimizer`` (AdamW unless ``optim.optimizer`` says otherwise) and its per-step
+    schedule (``schedule_for``)."""
+    optimizer = main_optimizer(model, as_optim(optim), fused=fused)
     return optimizer, schedule_for(optimizer, optim)

@@ -38,7 +38,7 @@ from minigpt.config import TrainSchema, typed
 from minigpt.cpu import speed_up_training
 from minigpt.data import DataConfig, TokenDataModule, check_vocab_fits, open_tokens, prepare_dataset
 from minigpt.errors import ConfigError
-from minigpt.eval.training import training_items
+from minigpt.eval.training import training_items, training_tasks
 from minigpt.model import GPT
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
 from minigpt.train.config import check_config
@@ -46,7 +46,7 @@ from minigpt.train.launch import build_fabric
 from minigpt.train.loggers import build_loggers
 from minigpt.train.loop import Loop, ModelWithLoss, Progress
 from minigpt.train.model_init import init_model, padded_vocab_size
-from minigpt.train.optim import build_optimizers, check_muon_runs, schedule_for
+from minigpt.train.optim import build_optimizers, check_optimizers_run, schedule_for
 from minigpt.train.plan import RunPlan, resolve_plan
 from minigpt.train.preflight import (
     check_run_fits,
@@ -172,7 +172,8 @@ def preflight(train: TrainSchema, plan: RunPlan, resume: ResumePoint | None) -> 
     """What can be checked from the config alone, before any heavy work: a resumed checkpoint's
     model against the configured one, and whether a training step fits in memory. A model from
     ``model.init_from`` is only known once built (``run`` checks it then)."""
-    check_muon_runs(train.optim.name, plan.strategy, plan.precision)
+    check_optimizers_run(train.optim, plan.strategy, plan.precision)
+    training_tasks(train.eval, train.data_root)  # each of eval.tasks is a task class
     if train.model.init_from:
         return
     vocab = train.model.vocab_size or padded_vocab_size(
@@ -207,7 +208,8 @@ def build_loop(train: TrainSchema, fabric: Fabric, plan: RunPlan, setup: Setup,
     optimizers = build_optimizers(module, optim, fused=fused)
     schedulers = {name: schedule_for(o, optim) for name, o in optimizers.items()}
     optimizers = {name: fabric.setup_optimizers(o) for name, o in optimizers.items()}
-    # The first process of each machine downloads HellaSwag into the cache; the others read it.
+    # The first process of each machine downloads the tasks' items into the cache; the others
+    # read them.
     with fabric.rank_zero_first(local=True):
         eval_items = training_items(train.eval, Path(train.data_root).expanduser())
     return Loop(

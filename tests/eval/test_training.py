@@ -1,5 +1,5 @@
 """What the training loop uses: the ``eval:`` config block, its checks, the items it loads, and
-``hellaswag_in_training`` on a tiny model (plain, bf16 autocast, through a forward-only wrapper)."""
+``tasks_in_training`` (HellaSwag) on a tiny model (plain, bf16 autocast, through a forward-only wrapper)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from eval_helpers import ROOT, tiny_model, write_items
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from minigpt.eval import hellaswag_in_training, score_items, training_items
+from minigpt.eval import score_items, tasks_in_training, training_items
 from minigpt.tokenizer import get_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -29,12 +29,13 @@ def test_off_for_the_toy_run_on_for_gpt2_owt(tmp_path):
 def test_items_honour_path_and_limit(tmp_path):
     write_items(tmp_path / "hs.jsonl")
     cfg = train_config("eval.every=2", "eval.limit=5", f"eval.path={tmp_path / 'hs.jsonl'}").eval
-    assert len(training_items(cfg, tmp_path / "data")) == 5
+    (task, items), = training_items(cfg, tmp_path / "data")
+    assert task.name == "hellaswag" and len(items) == 5
     cached = tmp_path / "data" / "eval" / "hellaswag_val.jsonl"  # path: null reads the cache
     cached.parent.mkdir(parents=True)
     write_items(cached, n=7)
     cfg = train_config("eval.every=1", "eval.limit=null").eval
-    assert len(training_items(cfg, tmp_path / "data")) == 7
+    assert len(training_items(cfg, tmp_path / "data")[0][1]) == 7
 
 
 class ForwardOnly(torch.nn.Module):
@@ -50,16 +51,16 @@ class ForwardOnly(torch.nn.Module):
 
 def test_in_training_metric(tmp_path):
     write_items(tmp_path / "hs.jsonl")
-    items = training_items(OmegaConf.create({"every": 1, "limit": 6, "path":
-                                             str(tmp_path / "hs.jsonl")}), tmp_path)
+    tasks = training_items(OmegaConf.create({"every": 1, "limit": 6, "tasks": ["hellaswag"],
+                                             "path": str(tmp_path / "hs.jsonl")}), tmp_path)
     model, tok = tiny_model().train(), get_tokenizer("gpt2")
-    plain = hellaswag_in_training(model, tok, items, "cpu", batch_size=2)
-    assert model.training and set(plain) == {"eval/hellaswag_acc", "eval/hellaswag_acc_norm"}
-    expected = score_items(model.eval(), tok, items)
-    assert plain == {"eval/hellaswag_acc": expected.acc, "eval/hellaswag_acc_norm": expected.acc_norm}
+    plain = tasks_in_training(model, tok, tasks, "cpu", batch_size=2)
+    assert model.training and set(plain) == {"eval/hellaswag/acc", "eval/hellaswag/acc_norm"}
+    expected = score_items(model.eval(), tok, tasks[0][1])
+    assert plain == {"eval/hellaswag/acc": expected.acc, "eval/hellaswag/acc_norm": expected.acc_norm}
     wrapped = ForwardOnly(model).train()
-    assert hellaswag_in_training(wrapped, tok, items, "cpu", batch_size=4,
-                                 through_forward=True) == plain and wrapped.training
-    bf16 = hellaswag_in_training(model, tok, items, "cpu", batch_size=2,
-                                 autocast=lambda: torch.autocast("cpu", torch.bfloat16))
+    assert tasks_in_training(wrapped, tok, tasks, "cpu", batch_size=4,
+                             through_forward=True) == plain and wrapped.training
+    bf16 = tasks_in_training(model, tok, tasks, "cpu", batch_size=2,
+                             autocast=lambda: torch.autocast("cpu", torch.bfloat16))
     assert all(0.0 <= v <= 1.0 for v in bf16.values())

@@ -5,7 +5,7 @@ import pytest
 from minigpt.model import GPT, GPTConfig
 from minigpt.train.optim import lr_at, param_groups
 
-MUON = {"name": "muon", "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 0, "decay_steps": 10,
+MUON = {"name": "muon", "matrix_optimizer": "torch.optim.Muon", "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 0, "decay_steps": 10,
         "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "muon_lr": 0.02,
         "muon_momentum": 0.95, "muon_weight_decay": 0.0, "muon_adjust_lr": "original"}
 
@@ -82,16 +82,56 @@ def test_muon_steps_the_block_matrices_and_adamw_the_rest():
     assert optimizers["optimizer"].param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 0.9 / 5))
 
 
-def test_muon_where_it_cannot_run_is_one_line():
+def test_a_matrix_optimizer_where_it_cannot_run_is_one_line():
+    from minigpt.config import OptimSchema
     from minigpt.errors import ConfigError
-    from minigpt.train.optim import check_muon_runs
+    from minigpt.train.optim import check_optimizers_run
 
-    check_muon_runs("muon", "ddp", "bf16-mixed")
-    check_muon_runs("adamw", "fsdp", "16-mixed")
-    with pytest.raises(ConfigError, match="optim=muon does not run under trainer=fsdp.*use"):
-        check_muon_runs("muon", "fsdp", "bf16-mixed")
+    muon = OptimSchema(**{**MUON, "decay_steps": 10})
+    check_optimizers_run(muon, "ddp", "bf16-mixed")
+    check_optimizers_run(OptimSchema(decay_steps=10), "fsdp", "16-mixed")
+    with pytest.raises(ConfigError, match="optim.matrix_optimizer=torch.optim.Muon "
+                       r"\(optim=muon\) does not run under trainer=fsdp.*use"):
+        check_optimizers_run(muon, "fsdp", "bf16-mixed")
     with pytest.raises(ConfigError, match="trainer.precision=16-mixed.*bf16-mixed or 32-true"):
-        check_muon_runs("muon", "auto", "16-mixed")
+        check_optimizers_run(muon, "auto", "16-mixed")
+
+
+@pytest.mark.parametrize(("path", "why"), [
+    ("torch.optim.Nope", "Nope"), ("nowhere.MyOptimizer", "nowhere"),
+    ("torch.nn.Linear", "not a torch.optim.Optimizer subclass")])
+def test_a_bad_optimizer_class_path_is_one_line_naming_it(path, why):
+    from minigpt.config import OptimSchema
+    from minigpt.errors import ConfigError
+    from minigpt.train.optim import check_optimizers_run
+
+    with pytest.raises(ConfigError, match=rf"^optim.optimizer='{path}' is not an optimizer "
+                       rf"class \(.*{why}.*\): give the dotted path .*torch.optim.SGD") as e:
+        check_optimizers_run(OptimSchema(optimizer=path, decay_steps=10), "auto", "32-true")
+    assert "\n" not in str(e.value)
+
+
+def test_any_optimizer_class_gets_minigpts_groups_and_the_settings_it_takes():
+    import torch
+
+    from minigpt.train.optim import build_optimizers, param_groups
+
+    model = GPT(GPTConfig(vocab_size=64, context_length=8, n_layer=2, n_head=2, n_embd=16))
+    optim = {**MUON, "name": "sgd", "matrix_optimizer": None, "optimizer": "torch.optim.SGD",
+             "optimizer_kwargs": {"momentum": 0.5, "dampening": 0.1}}
+    (name, sgd), = build_optimizers(model, optim, fused=False).items()
+    assert name == "sgd" and type(sgd) is torch.optim.SGD  # no betas or eps: SGD takes none
+    expected = param_groups(model, 0.1)
+    assert [len(g["params"]) for g in sgd.param_groups] == [len(g["params"]) for g in expected]
+    assert [g["weight_decay"] for g in sgd.param_groups] == [0.1, 0.0]
+    assert {(g["lr"], g["momentum"], g["dampening"]) for g in sgd.param_groups} == \
+        {(1e-3, 0.5, 0.1)}
+    # one class for both roles: the matrices' optimizer is saved under a name of its own
+    both = build_optimizers(model, {**MUON, "matrix_optimizer": "torch.optim.AdamW",
+                                    "matrix_kwargs": {"amsgrad": True}}, fused=False)
+    assert set(both) == {"optimizer", "matrix_optimizer"}
+    assert both["matrix_optimizer"].param_groups[0]["amsgrad"] is True
+    assert both["matrix_optimizer"].param_groups[0]["weight_decay"] == 0.0  # muon_weight_decay
 
 
 def test_an_untied_head_is_not_decayed():

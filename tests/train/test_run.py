@@ -584,9 +584,9 @@ def test_hellaswag_in_training_reaches_the_csv_log_and_summary(tmp_path, data_ro
     summary = run(tiny_cfg(data_root, "logger=csv", "trainer.max_steps=4", "eval.every=1",
                            f"eval.path={items}", "eval.batch_size=4"), tmp_path / "run")
     logged = [r for r in csv.DictReader((tmp_path / "run" / "csv" / "metrics.csv").open())
-              if r.get("eval/hellaswag_acc")]
+              if r.get("eval/hellaswag/acc")]
     assert [int(r["step"]) for r in logged] == [4]  # at the one validation
-    for key in ("eval/hellaswag_acc", "eval/hellaswag_acc_norm"):
+    for key in ("eval/hellaswag/acc", "eval/hellaswag/acc_norm"):
         assert 0.0 <= summary[key] <= 1.0 and float(logged[0][key]) == summary[key]
         assert summary[key] * 6 == round(summary[key] * 6)  # a count of 6 items
 

@@ -1,0 +1,84 @@
+"""An evaluation task is one class: its items, the continuations each item asks the model to
+score, each item's metrics from those scores, and the metrics' names. ``evaluate`` runs any task
+on a model, from ``python -m minigpt.eval task=...`` and during training (``eval.tasks``).
+
+A task of one's own subclasses ``Task`` in a module of its own and is named by its dotted path
+(``task=mypackage.tasks.MyTask``); the built-in ones (HellaSwag) are in
+``minigpt.eval.registry.TASKS``. docs/extending.md walks through one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from minigpt.eval.scoring import Score, score_pairs
+
+
+class Task:
+    """A task scored by the log-likelihood of continuations (multiple choice, cloze).
+
+    ``name``: the metrics are logged as ``eval/<name>/<metric>`` (default: the class name in
+    lower case); ``metrics``: the names of ``item_metrics``' values that are averaged over the
+    items. ``path`` (``eval.path`` / ``path=``): a file of items, if the task reads one; null:
+    its own default, downloaded into ``cache_dir`` if it needs to be."""
+
+    name: str = ""
+    metrics: tuple[str, ...] = ()
+
+    def __init__(self, path: str | None = None, cache_dir: str | Path = "data/eval"):
+        self.path, self.cache_dir = path, cache_dir
+        self.name = self.name or type(self).__name__.lower()
+
+    def items(self, limit: int | None = None) -> Sequence[Any]:
+        """The first ``limit`` items (all with None); a bad file is a one-line error."""
+        raise NotImplementedError
+
+    def requests(self, item, tokenizer) -> list[tuple[list[int], list[int]]]:
+        """The ``(context, continuation)`` token ids whose log-likelihood ``item`` needs."""
+        raise NotImplementedError
+
+    def item_metrics(self, item, scores: Sequence[Score]) -> dict[str, Any]:
+        """``item``'s metrics from its requests' ``Score``s (in request order); the values
+        named in ``metrics`` are averaged, any other is kept for ``summary``."""
+        raise NotImplementedError
+
+    def summary(self, per_item: list[dict]) -> dict:
+        """Extra keys of the command's result (JSON), from every item's ``item_metrics``."""
+        return {}
+
+
+def evaluate(task: Task, model, tokenizer, items: Sequence[Any], *, batch_size: int = 16,
+             device="cpu", autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+             progress: bool = False, through_forward: bool = False) -> dict:
+    """``{"task", <each metric>, "n", "truncated", **task.summary}`` of ``model`` on ``items``.
+    Every request of every item is scored by ``score_pairs`` (a context shared by several
+    continuations runs once), ``batch_size`` items per forward pass; ``truncated``: items with
+    a request cut from the left to fit the model. See ``score_rows`` for ``autocast`` and
+    ``through_forward``; ``progress`` shows a bar on stderr."""
+    pairs, spans = [], []  # spans: (first request, count) of each item
+    for item in items:
+        requests = task.requests(item, tokenizer)
+        spans.append((len(pairs), len(requests)))
+        pairs += requests
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(pairs), desc=f"{task.name} requests", unit="request")
+    try:
+        scores, cut = score_pairs(model, pairs, device=device, autocast=autocast,
+                                  batch_size=batch_size * max((n for _, n in spans), default=1),
+                                  progress=None if bar is None else bar.update,
+                                  through_forward=through_forward)
+    finally:
+        if bar is not None:
+            bar.close()
+    per_item = [task.item_metrics(item, scores[start:start + n])
+                for item, (start, n) in zip(items, spans, strict=True)]
+    n = len(per_item)
+    return {"task": task.name, **{m: sum(r[m] for r in per_item) / n for m in task.metrics},
+            "n": n, "truncated": sum(any(cut[s:s + k]) for s, k in spans),
+            **task.summary(per_item)}
