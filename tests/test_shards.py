@@ -90,3 +90,60 @@ def test_short_file_and_ids_beyond_the_vocabulary(tmp_path):
         ShardStream([tmp_path / "ids.bin"], vocab_size=50257)
     with pytest.raises(DataError, match=r"no token shards match .*nothing_\*.bin"):
         shard_paths(str(tmp_path / "nothing_*.bin"))
+
+
+# --- shards as a data source -----------------------------------------------------------------
+
+
+def shard_config(tmp_path, **kw) -> dict:
+    return {"name": "fw", "source": "shards", "train_shards": str(tmp_path / "fw_train_*.bin"),
+            "val_shards": str(tmp_path / "fw_val_*.bin"), "batch_size": 3, "val_tokens": 16, **kw}
+
+
+def test_datamodule_trains_on_shards_as_one_stream(tmp_path):
+    from minigpt.data import TokenDataModule
+
+    rng = np.random.default_rng(0)
+    train = rng.integers(0, 50257, 50).astype(np.uint16)
+    val = rng.integers(0, 50257, 30).astype(np.uint16)
+    write_shards(train, tmp_path, "fw_train", shard_tokens=12)  # 5 shards
+    write_shards(val, tmp_path, "fw_val")
+    data = TokenDataModule(shard_config(tmp_path), context_length=8, data_root=str(tmp_path / "no"))
+    data.prepare_data()  # nothing to prepare: the headers are read
+    assert (data.meta["train_tokens"], data.meta["val_tokens"], data.vocab_size) == (50, 30, 50257)
+    assert data.tokenizer.name == "gpt2"
+    x, y = next(data.train_batches())
+    assert x.shape == y.shape == (3, 8)
+    for row_x, row_y in zip(x.numpy(), y.numpy(), strict=True):
+        start = next(i for i in range(50 - 8) if np.array_equal(train[i:i + 8], row_x))
+        np.testing.assert_array_equal(row_y, train[start + 1:start + 9])
+    vx, vy = next(iter(data.val_dataloader()))
+    np.testing.assert_array_equal(vx[0].numpy(), val[:8])
+    np.testing.assert_array_equal(vy[0].numpy(), val[1:9])
+
+
+def test_source_shards_needs_both_globs():
+    from minigpt.data.config import DataConfig
+
+    with pytest.raises(DataError, match="source=shards needs train_shards and val_shards"):
+        DataConfig(name="fw", source="shards", train_shards="a_*.bin")
+
+
+def test_a_prepared_dataset_becomes_shards(tmp_path, capsys):
+    from minigpt.data.prepare import prepare_dataset
+    from minigpt.data.shards import main
+    from minigpt.data.tokens import open_tokens
+
+    (tmp_path / "a.txt").write_text("The first document.")
+    (tmp_path / "b.txt").write_text("And a second one, longer than the first.")
+    config = {"name": "two", "source": "files", "paths": [str(tmp_path / "*.txt")],
+              "tokenizer": "gpt2", "val_split": "document", "val_fraction": 0.5,
+              "cache_dir": str(tmp_path / "hf")}
+    prepare_dataset(config, tmp_path / "data", progress=False)
+    main([str(tmp_path / "data" / "two"), str(tmp_path / "shards")])
+    assert "train: 1 shard(s)" in capsys.readouterr().out
+    for split in ("train", "val"):
+        flat = np.asarray(open_tokens(tmp_path / "data" / "two", split))
+        shard = ShardStream.from_glob(str(tmp_path / "shards" / f"two_{split}_*.bin"), 50257)
+        assert shard[0] == EOT and flat[-1] == EOT
+        np.testing.assert_array_equal(shard[1:len(shard)], flat[:-1])

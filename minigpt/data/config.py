@@ -10,7 +10,7 @@ from minigpt.errors import UserError
 from minigpt.field_rules import OneOf, Range, Satisfies, field_problems
 from minigpt.tokenizer import TIKTOKEN_ENCODINGS
 
-SOURCES = ("shakespeare", "files", "hub")
+SOURCES = ("shakespeare", "files", "hub", "shards")
 FORMATS = ("auto", "text", "json", "parquet", "csv")
 SAMPLE_BY = ("document", "line", "paragraph")
 VAL_SPLITS = ("tail", "document")
@@ -44,7 +44,7 @@ class DataConfig:
     """
 
     name: str  # [prepare] directory under data_root
-    source: str = "shakespeare"  # [prepare] shakespeare | files | hub
+    source: str = "shakespeare"  # [prepare] shakespeare | files | hub | shards
     tokenizer: str = "gpt2"  # [prepare] char | gpt2 | r50k_base | p50k_base | cl100k_base | o200k_base
     # files: local paths or globs (relative to the working directory)
     paths: list[str] = field(default_factory=list)  # [prepare]
@@ -59,6 +59,9 @@ class DataConfig:
     split: str = "train"  # [prepare]
     revision: str | None = None  # [prepare]
     streaming: bool = False  # [prepare]
+    # shards: llm.c .bin token shards (GPT-2 ids), used as they are (minigpt.data.shards)
+    train_shards: str | None = None  # glob of the training shards
+    val_shards: str | None = None  # glob of the validation shards
     max_documents: int | None = None  # [prepare] cap on documents read
     max_tokens: int | None = None  # [prepare] stop after the document reaching this many tokens
     val_fraction: float = 0.1  # [prepare]
@@ -87,7 +90,9 @@ class DataConfig:
     def spanning_problems(self) -> list[str]:
         """What a source needs besides itself."""
         needs = {"files": (self.paths, "source=files needs paths (files or globs)"),
-                 "hub": (self.hub_name, "source=hub needs hub_name")}
+                 "hub": (self.hub_name, "source=hub needs hub_name"),
+                 "shards": (self.train_shards and self.val_shards,
+                            "source=shards needs train_shards and val_shards (globs)")}
         given, problem = needs.get(self.source, (True, ""))
         return [] if given else [problem]
 
@@ -117,6 +122,7 @@ class DataConfig:
             "files": ("format", "sample_by", "text_field")
             + (("encoding",) if self.encoding != "utf-8" else ()),  # utf-8 keeps old fingerprints
             "hub": ("hub_name", "hub_config", "data_files", "split", "revision", "text_field"),
+            "shards": ("train_shards", "val_shards"),
         }[self.source]
         return {k: getattr(self, k) for k in keys + per_source}
 

@@ -26,7 +26,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from minigpt.data.config import DataConfig, DataError
 from minigpt.data.prepare import fingerprint, fingerprint_inputs, prepare_dataset
-from minigpt.data.tokens import check_token_ids, load_meta
+from minigpt.data.shards import ShardStream, shards_meta
+from minigpt.data.tokens import TokenFile, load_meta
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
 
 
@@ -47,18 +48,19 @@ def val_window_starts(n_tokens: int, context_length: int, token_budget: int) -> 
 
 
 class _Windows(IterableDataset):
-    """Base: the memory map is opened lazily in each worker (a pickled memmap would be a copy)."""
+    """Base: the tokens (a ``TokenFile`` or a ``ShardStream``) are memory-mapped lazily in each
+    worker (a pickled memmap would be a copy)."""
 
     vocab_size: int | None = None  # ids at or above it stop the run, naming file and offset
 
-    def __init__(self, path: Path, dtype: str, n_tokens: int, context_length: int):
-        self.path, self.dtype, self.n_tokens, self.T = path, dtype, n_tokens, context_length
+    def __init__(self, tokens: TokenFile | ShardStream, context_length: int):
+        self.tokens, self.n_tokens, self.T = tokens, len(tokens), context_length
 
     def _batch(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         idx = starts[:, None] + np.arange(self.T + 1)  # (B, T+1)
         chunk = tokens[idx]  # (B, T+1)
         if self.vocab_size is not None:  # on the host, before the model sees it: no device sync
-            check_token_ids(chunk, self.vocab_size, self.path, starts)
+            self.tokens.check_batch(chunk, self.vocab_size, starts)
         chunk = chunk.astype(np.int64)
         # Two contiguous tensors, not two views of one: the DataLoader pins each as it is, and
         # only a contiguous pinned tensor copies to the GPU asynchronously (non_blocking).
@@ -68,15 +70,14 @@ class _Windows(IterableDataset):
 
     def _open(self) -> tuple[np.ndarray, int, int]:
         info = get_worker_info()
-        tokens = np.memmap(self.path, dtype=np.dtype(self.dtype), mode="r", shape=(self.n_tokens,))
-        return tokens, (info.id if info else 0), (info.num_workers if info else 1)
+        return self.tokens.open(), (info.id if info else 0), (info.num_workers if info else 1)
 
 
 class RandomWindows(_Windows):
     """Endless training batches ``start_batch, start_batch + 1, ...`` (see ``window_starts``)."""
 
-    def __init__(self, path, dtype, n_tokens, context_length, batch_size, seed, rank, start_batch=0):
-        super().__init__(path, dtype, n_tokens, context_length)
+    def __init__(self, tokens, context_length, batch_size, seed, rank, start_batch=0):
+        super().__init__(tokens, context_length)
         self.batch_size, self.seed, self.rank, self.start_batch = batch_size, seed, rank, start_batch
 
     def __iter__(self):
@@ -91,8 +92,8 @@ class RandomWindows(_Windows):
 class FixedWindows(_Windows):
     """Finite batches over the given window starts, in order."""
 
-    def __init__(self, path, dtype, n_tokens, context_length, starts: np.ndarray, batch_size: int):
-        super().__init__(path, dtype, n_tokens, context_length)
+    def __init__(self, tokens, context_length, starts: np.ndarray, batch_size: int):
+        super().__init__(tokens, context_length)
         self.batches = [starts[i:i + batch_size] for i in range(0, len(starts), batch_size)]
 
     def __len__(self) -> int:
@@ -139,7 +140,10 @@ class TokenDataModule:
         return self._meta
 
     def _load_meta(self) -> dict:
-        """The prepared meta, refusing files prepared from other sources or settings."""
+        """The prepared meta, refusing files prepared from other sources or settings; for
+        token shards, what their headers say (``shards_meta``)."""
+        if self.config.source == "shards":
+            return shards_meta(self.config)
         meta = load_meta(self.directory)
         try:
             expected = fingerprint(fingerprint_inputs(self.config))
@@ -164,6 +168,10 @@ class TokenDataModule:
     # ---- files ---------------------------------------------------------------------------
 
     def prepare_data(self) -> None:
+        """Prepare the token files if needed (token shards are read as they are)."""
+        if self.config.source == "shards":
+            self._meta = self._load_meta()
+            return
         self._meta = prepare_dataset(self.config, self.data_root)
 
     def setup(self, stage: str | None = None) -> None:
@@ -179,6 +187,13 @@ class TokenDataModule:
         self._val_starts = val_window_starts(meta["val_tokens"], self.context_length,
                                              self.config.val_tokens)
 
+    def split_tokens(self, split: str) -> TokenFile | ShardStream:
+        """One split's token stream: the prepared flat file, or the shards its glob names."""
+        if self.config.source == "shards":
+            return ShardStream.from_glob(getattr(self.config, f"{split}_shards"))
+        return TokenFile(self.directory / f"{split}.bin", self.meta["dtype"],
+                         self.meta[f"{split}_tokens"])
+
     def _loader(self, dataset: IterableDataset, persistent: bool) -> DataLoader:
         workers = self.config.num_workers
         return DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
@@ -187,8 +202,7 @@ class TokenDataModule:
     def train_dataloader(self) -> DataLoader:
         if self._val_starts is None:
             self.setup("fit")
-        dataset = RandomWindows(self.directory / "train.bin", self.meta["dtype"],
-                                self.meta["train_tokens"], self.context_length, self.batch_size,
+        dataset = RandomWindows(self.split_tokens("train"), self.context_length, self.batch_size,
                                 self.seed, self.rank, start_batch=self.start_batch)
         dataset.vocab_size = self.meta["vocab_size"]
         return self._loader(dataset, persistent=False)
@@ -210,8 +224,7 @@ class TokenDataModule:
             raise DataError(f"{len(self._val_starts)} validation window(s) cannot be shared by "
                             f"{world} processes; raise data.val_tokens or val_fraction")
         starts = self._val_starts[rank::world][:per_rank]
-        dataset = FixedWindows(self.directory / "val.bin", self.meta["dtype"], self.meta["val_tokens"],
-                               self.context_length, starts,
+        dataset = FixedWindows(self.split_tokens("val"), self.context_length, starts,
                                self.config.val_batch_size or self.batch_size)
         dataset.vocab_size = self.meta["vocab_size"]
         return self._loader(dataset, persistent=True)

@@ -11,6 +11,7 @@ shard is a one-line ``DataError`` naming the file and the fix.
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 TOKEN_DTYPE = np.dtype("<u2")
 SHARD_TOKENS = 100_000_000  # tokens per shard llm.c writes (the last one holds the rest)
+_DAMAGED = "the shard is damaged or from another tokenizer; re-download it or write it again"
 
 
 def shard_paths(pattern: str) -> list[Path]:
@@ -128,14 +130,28 @@ class ShardStream:
             return parts[0]
         return np.concatenate(parts) if parts else np.empty(0, self.dtype)
 
+    def open(self) -> ShardStream:
+        """The stream itself (the ``TokenFile`` interface; its maps open on first read)."""
+        return self
+
+    def check_batch(self, batch: np.ndarray, vocab_size: int, offsets: Sequence[int]) -> None:
+        """A ``DataError`` naming the shard and offset of an id >= ``vocab_size`` in ``batch``
+        (B, L), row ``i`` read from stream offset ``offsets[i]``: one vectorized max."""
+        batch = np.asarray(batch)
+        if batch.size == 0 or int(batch.max()) < vocab_size:
+            return
+        row, col = (int(i) for i in np.argwhere(batch >= vocab_size)[0])
+        path, offset = self.shard_of(int(offsets[row]) + col)
+        raise DataError(f"{path} holds token id {int(batch[row, col])} at token offset "
+                        f"{offset}, beyond the tokenizer's {vocab_size} ids: {_DAMAGED}")
+
     def check_ids(self, vocab_size: int) -> None:
         """A ``DataError`` naming the shard and offset of the first id >= ``vocab_size``."""
         for path, tokens in zip(self.paths, self.maps, strict=True):
             bad, _ = find_bad_token(tokens, vocab_size, limit=len(tokens) + 1)
             if bad is not None:
                 raise DataError(f"{path} holds token id {bad[1]} at token offset {bad[0]}, "
-                                f"beyond the tokenizer's {vocab_size} ids: the shard is damaged "
-                                f"or from another tokenizer; re-download it or write it again")
+                                f"beyond the tokenizer's {vocab_size} ids: {_DAMAGED}")
 
 
 def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
@@ -175,3 +191,61 @@ def bos_first(flat_tokens: np.ndarray, eot_id: int) -> np.ndarray:
     if len(flat_tokens) == 0:
         return np.asarray(flat_tokens)
     return np.concatenate([[eot_id], flat_tokens[:-1]]).astype(flat_tokens.dtype)
+
+
+def shards_meta(config) -> dict:
+    """A data config with ``source=shards`` as a prepared dataset's meta: GPT-2's tokenizer,
+    uint16, each split's token count from its shards' headers, a fingerprint of their names
+    and counts (so a resumed run can tell other shards)."""
+    from minigpt.tokenizer import get_tokenizer
+
+    tokenizer = get_tokenizer("gpt2")
+    meta = {"name": config.name, "dtype": "uint16", "vocab_size": tokenizer.vocab_size,
+            "tokenizer": tokenizer.to_dict()}
+    identity = []
+    for split in ("train", "val"):
+        stream = ShardStream.from_glob(getattr(config, f"{split}_shards"))
+        meta[f"{split}_tokens"] = len(stream)
+        identity += [(p.name, n) for p, n in zip(stream.paths, stream.counts, strict=True)]
+    meta["fingerprint"] = hashlib.sha256(repr(identity).encode()).hexdigest()[:20]
+    return meta
+
+
+def shards_from_prepared(directory: str | os.PathLike, out: str | os.PathLike,
+                         shard_tokens: int = SHARD_TOKENS) -> dict[str, list[Path]]:
+    """Write a prepared dataset (``python -m minigpt.data``) as shards ``<out>/<name>_train_*``
+    and ``<name>_val_*``: the same tokens, a BOS before each document instead of an
+    end-of-text after it. Its tokenizer must be GPT-2's ids (what shards hold)."""
+    from minigpt.data.tokens import load_meta, open_tokens
+
+    directory = Path(directory)
+    meta = load_meta(directory)
+    tokenizer = meta["tokenizer"]
+    if tokenizer.get("name") != "gpt2":
+        raise DataError(f"{directory} holds {tokenizer.get('name')!r} token ids; llm.c shards "
+                        f"hold GPT-2's: prepare it with data.tokenizer=gpt2")
+    return {split: write_shards(bos_first(open_tokens(directory, split, meta),
+                                          tokenizer["eot_id"]),
+                                out, f"{directory.name}_{split}", shard_tokens)
+            for split in ("train", "val")}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m minigpt.data.shards <prepared dir> <out dir>``: a prepared dataset as shards."""
+    import argparse
+
+    from minigpt.errors import one_line_errors
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("prepared", help="a prepared dataset, e.g. data/shakespeare")
+    parser.add_argument("out", help="directory to write <name>_{train,val}_000000.bin into")
+    parser.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS)
+    args = parser.parse_args(argv)
+    with one_line_errors():
+        written = shards_from_prepared(args.prepared, args.out, args.shard_tokens)
+    for split, paths in written.items():
+        print(f"{split}: {len(paths)} shard(s), {paths[0].parent}/{paths[0].name} ...")
+
+
+if __name__ == "__main__":
+    main()
