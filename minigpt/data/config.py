@@ -14,6 +14,7 @@ SOURCES = ("shakespeare", "files", "hub", "shards")
 FORMATS = ("auto", "text", "json", "parquet", "csv")
 SAMPLE_BY = ("document", "line", "paragraph")
 VAL_SPLITS = ("tail", "document")
+ALIGNS = ("window", "bos")
 AT_LEAST_1 = Range(1)
 # The one table of DataConfig's single-field rules (its types come from the annotations); a
 # training run's data.* checks are these too (minigpt.config.rules).
@@ -22,6 +23,7 @@ DATA_RULES = {
                       "a plain directory name"),
     "source": OneOf(SOURCES), "tokenizer": OneOf(("char", *TIKTOKEN_ENCODINGS)),
     "format": OneOf(FORMATS), "sample_by": OneOf(SAMPLE_BY), "val_split": OneOf(VAL_SPLITS),
+    "align": OneOf(ALIGNS),
     "encoding": Satisfies(lambda name: _known_encoding(name), "an encoding Python knows (e.g. "
                           "utf-8, latin-1, cp1252, utf-16)"),
     "val_fraction": Range(0, 1, low_open=True, high_open=True),
@@ -73,6 +75,9 @@ class DataConfig:
     val_batch_size: int | None = None  # default: batch_size
     num_workers: int = 0  # DataLoader workers
     val_tokens: int = 65536  # validation token budget: val_tokens // context_length fixed windows
+    # window: rows cut anywhere (nanoGPT); bos: every row starts at a document's first token,
+    # the documents after it packed in order (minigpt.data.bos)
+    align: str = "window"
 
     def __post_init__(self):
         if isinstance(self.paths, str):

@@ -24,10 +24,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from minigpt.data.bos import document_starts, draw_rows, packed_row_starts, row_pool
 from minigpt.data.config import DataConfig, DataError
 from minigpt.data.prepare import fingerprint, fingerprint_inputs, prepare_dataset
 from minigpt.data.shards import ShardStream, shards_meta
 from minigpt.data.tokens import TokenFile, load_meta
+from minigpt.documents import document_ids_of
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
 
 
@@ -47,11 +49,21 @@ def val_window_starts(n_tokens: int, context_length: int, token_budget: int) -> 
     return (np.arange(n) * (n_tokens - context_length - 1)) // max(n - 1, 1)
 
 
+def prepare_tokens(data_cfg: Any, data_root: str | Path, progress: bool = True) -> dict:
+    """The meta of a run's tokens: prepared files (``prepare_dataset``: made if needed), or
+    what token shards' headers say (``shards_meta``: nothing to prepare)."""
+    config = DataConfig.from_any(data_cfg)
+    if config.source == "shards":
+        return shards_meta(config)
+    return prepare_dataset(config, data_root, progress=progress)
+
+
 class _Windows(IterableDataset):
     """Base: the tokens (a ``TokenFile`` or a ``ShardStream``) are memory-mapped lazily in each
     worker (a pickled memmap would be a copy)."""
 
     vocab_size: int | None = None  # ids at or above it stop the run, naming file and offset
+    document_bos: int | None = None  # set: batches carry document_ids, each such token a start
 
     def __init__(self, tokens: TokenFile | ShardStream, context_length: int):
         self.tokens, self.n_tokens, self.T = tokens, len(tokens), context_length
@@ -66,7 +78,9 @@ class _Windows(IterableDataset):
         # only a contiguous pinned tensor copies to the GPU asynchronously (non_blocking).
         x = torch.from_numpy(np.ascontiguousarray(chunk[:, :-1]))  # (B, T)
         y = torch.from_numpy(np.ascontiguousarray(chunk[:, 1:]))  # (B, T)
-        return x, y
+        if self.document_bos is None:
+            return x, y
+        return x, y, document_ids_of(x, self.document_bos)  # (B, T), made on the host
 
     def _open(self) -> tuple[np.ndarray, int, int]:
         info = get_worker_info()
@@ -76,16 +90,22 @@ class _Windows(IterableDataset):
 class RandomWindows(_Windows):
     """Endless training batches ``start_batch, start_batch + 1, ...`` (see ``window_starts``)."""
 
-    def __init__(self, tokens, context_length, batch_size, seed, rank, start_batch=0):
+    def __init__(self, tokens, context_length, batch_size, seed, rank, start_batch=0,
+                 pool: np.ndarray | None = None):
         super().__init__(tokens, context_length)
         self.batch_size, self.seed, self.rank, self.start_batch = batch_size, seed, rank, start_batch
+        self.pool = pool  # BOS-aligned: rows start at these document starts (minigpt.data.bos)
+
+    def starts(self, b: int) -> np.ndarray:
+        if self.pool is not None:
+            return draw_rows(self.seed, self.rank, b, self.batch_size, self.pool)
+        return window_starts(self.seed, self.rank, b, self.batch_size, self.n_tokens, self.T)
 
     def __iter__(self):
         tokens, worker, workers = self._open()
         b = self.start_batch + worker
         while True:
-            yield self._batch(tokens, window_starts(self.seed, self.rank, b, self.batch_size,
-                                                    self.n_tokens, self.T))
+            yield self._batch(tokens, self.starts(b))
             b += workers
 
 
@@ -130,6 +150,10 @@ class TokenDataModule:
         self._meta: dict | None = None
         self._tokenizer: Tokenizer | None = None
         self._val_starts: np.ndarray | None = None
+        self._train_pool: np.ndarray | None = None  # BOS-aligned rows' document starts
+        # set (the tokenizer's end-of-text id) for a document_mask model: batches are then
+        # (x, y, document_ids), each such token beginning a document
+        self.document_bos: int | None = None
 
     # ---- metadata --------------------------------------------------------------------------
 
@@ -168,11 +192,7 @@ class TokenDataModule:
     # ---- files ---------------------------------------------------------------------------
 
     def prepare_data(self) -> None:
-        """Prepare the token files if needed (token shards are read as they are)."""
-        if self.config.source == "shards":
-            self._meta = self._load_meta()
-            return
-        self._meta = prepare_dataset(self.config, self.data_root)
+        self._meta = prepare_tokens(self.config, self.data_root)
 
     def setup(self, stage: str | None = None) -> None:
         self._meta = meta = self._load_meta()  # again: another process may have prepared
@@ -184,8 +204,28 @@ class TokenDataModule:
                     f"fewer than one window of context_length + 1 = {need}; use more text or a "
                     f"smaller context_length"
                 )
-        self._val_starts = val_window_starts(meta["val_tokens"], self.context_length,
-                                             self.config.val_tokens)
+        if self.config.align == "bos":
+            self._align_rows(meta)
+        else:
+            self._val_starts = val_window_starts(meta["val_tokens"], self.context_length,
+                                                 self.config.val_tokens)
+
+    def _align_rows(self, meta: dict) -> None:
+        """BOS-aligned rows (``minigpt.data.bos``): the training pool of document starts and
+        the validation rows (packed in order, evenly thinned to ``val_tokens``)."""
+        bos, T = self.tokenizer.eot_id, self.context_length
+        pools = {}
+        for split in ("train", "val"):
+            tokens = self.split_tokens(split)
+            pools[split] = row_pool(document_starts(tokens.open(), bos), len(tokens), T)
+            if not len(pools[split]):
+                raise DataError(f"no document of the {split} split of {self.config.name} starts "
+                                f"a full row of context_length + 1 = {T + 1} tokens; use a "
+                                f"smaller context_length or data.align=window")
+        self._train_pool = pools["train"]
+        rows = packed_row_starts(pools["val"], meta["val_tokens"], T)
+        keep = max(1, min(len(rows), self.config.val_tokens // T))
+        self._val_starts = rows[np.linspace(0, len(rows) - 1, keep).round().astype(int)]
 
     def split_tokens(self, split: str) -> TokenFile | ShardStream:
         """One split's token stream: the prepared flat file, or the shards its glob names."""
@@ -203,8 +243,9 @@ class TokenDataModule:
         if self._val_starts is None:
             self.setup("fit")
         dataset = RandomWindows(self.split_tokens("train"), self.context_length, self.batch_size,
-                                self.seed, self.rank, start_batch=self.start_batch)
-        dataset.vocab_size = self.meta["vocab_size"]
+                                self.seed, self.rank, start_batch=self.start_batch,
+                                pool=self._train_pool)
+        dataset.vocab_size, dataset.document_bos = self.meta["vocab_size"], self.document_bos
         return self._loader(dataset, persistent=False)
 
     def train_batches(self) -> CountedBatches:
@@ -226,7 +267,7 @@ class TokenDataModule:
         starts = self._val_starts[rank::world][:per_rank]
         dataset = FixedWindows(self.split_tokens("val"), self.context_length, starts,
                                self.config.val_batch_size or self.batch_size)
-        dataset.vocab_size = self.meta["vocab_size"]
+        dataset.vocab_size, dataset.document_bos = self.meta["vocab_size"], self.document_bos
         return self._loader(dataset, persistent=True)
 
     # ---- resumable state (stored in checkpoints) -------------------------------------------

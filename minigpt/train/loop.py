@@ -49,8 +49,9 @@ class ModelWithLoss(nn.Module):
         self.model = model
         self.loss = torch.compile(model.loss, fullgraph=fullgraph) if compile else model.loss
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.loss(idx, targets)
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor,
+                document_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.loss(idx, targets, document_ids=document_ids)
 
 
 @dataclass
@@ -102,11 +103,11 @@ class Loop:
         fabric, accumulate = self.fabric, self.plan.batch.accumulate
         step_loss = torch.zeros((), device=fabric.device)
         for micro in range(accumulate):
-            x, y = fabric.to_device(next(batches))  # (B, T) each
+            x, y, *documents = fabric.to_device(next(batches))  # (B, T) each
             fabric.call("on_train_batch_start", loop=self, micro=micro)
             # Gradients are averaged over the processes once per step, on the last micro-batch.
             with fabric.no_backward_sync(self.module, enabled=micro < accumulate - 1):
-                loss = self.module(x, y) / accumulate
+                loss = self.module(x, y, *documents) / accumulate
                 fabric.backward(loss)
             step_loss += loss.detach()
         grad_norm = self.clip_gradients()
@@ -191,8 +192,8 @@ class Loop:
         for i, batch in enumerate(loader):
             if i == n:
                 break
-            x, y = fabric.to_device(batch)  # (B, T) each
-            total[0] += self.module(x, y).double() * y.numel()
+            x, y, *documents = fabric.to_device(batch)  # (B, T) each; document_ids with them
+            total[0] += self.module(x, y, *documents).double() * y.numel()
             total[1] += y.numel()
         self.module.train()
         total = fabric.all_reduce(total, reduce_op="sum")

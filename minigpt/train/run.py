@@ -28,7 +28,8 @@ from minigpt.checkpoint import MODEL_FILE, find_latest_checkpoint, is_sharded_ch
 from minigpt.config import TrainSchema, typed
 from minigpt.consolidate import consolidate
 from minigpt.cpu import speed_up_training
-from minigpt.data import DataConfig, TokenDataModule, check_vocab_fits, open_tokens, prepare_dataset
+from minigpt.data import DataConfig, TokenDataModule, check_vocab_fits, open_tokens
+from minigpt.data.datamodule import prepare_tokens
 from minigpt.errors import ConfigError
 from minigpt.eval.training import training_items
 from minigpt.model import GPT
@@ -142,7 +143,7 @@ def prepare(train: TrainSchema, fabric: Fabric) -> Setup:
     calls this; preparation is locked and idempotent (one prepares, the rest reuse)."""
     data_cfg = train.data
     data_root = Path(train.data_root).expanduser().resolve()
-    meta = prepare_dataset(data_cfg, data_root, progress=fabric.is_global_zero)
+    meta = prepare_tokens(data_cfg, data_root, progress=fabric.is_global_zero)
     tokenizer = tokenizer_from_dict(meta["tokenizer"])
     vocab = padded_vocab_size(tokenizer.vocab_size, train.model.vocab_size)
     model = init_model(train.model, tokenizer, vocab)
@@ -154,6 +155,7 @@ def prepare(train: TrainSchema, fabric: Fabric) -> Setup:
                            data_root=str(data_root), rank=fabric.global_rank,
                            world_size=fabric.world_size)
     data.pin_memory = fabric.device.type == "cuda"
+    data.document_bos = tokenizer.eot_id if model.config.document_mask else None
     data.setup()
     return Setup(data_cfg, meta, tokenizer, model, data)
 
