@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from minigpt.data.bos import document_starts, draw_rows, packed_row_starts, row_pool
 from minigpt.data.config import DataConfig, DataError
+from minigpt.data.epochs import batch_positions, epoch_rows, window_rows
 from minigpt.data.prepare import fingerprint, fingerprint_inputs, prepare_dataset
 from minigpt.data.shards import ShardStream, shards_meta
 from minigpt.data.tokens import TokenFile, load_meta
@@ -95,8 +96,14 @@ class RandomWindows(_Windows):
         super().__init__(tokens, context_length)
         self.batch_size, self.seed, self.rank, self.start_batch = batch_size, seed, rank, start_batch
         self.pool = pool  # BOS-aligned: rows start at these document starts (minigpt.data.bos)
+        # sampling=epoch: (rows, rows read before start_batch, processes); minigpt.data.epochs
+        self.epochs: tuple[np.ndarray, int, int] | None = None
 
     def starts(self, b: int) -> np.ndarray:
+        if self.epochs is not None:
+            rows, rows_read, world = self.epochs
+            return epoch_rows(self.seed, rows, batch_positions(
+                rows_read, b - self.start_batch, self.batch_size, self.rank, world))
         if self.pool is not None:
             return draw_rows(self.seed, self.rank, b, self.batch_size, self.pool)
         return window_starts(self.seed, self.rank, b, self.batch_size, self.n_tokens, self.T)
@@ -146,11 +153,13 @@ class TokenDataModule:
         self.rank, self.world_size = rank, world_size
         self.start_batch = 0  # first training batch to draw; set from checkpoints on resume
         self.drawn = 0  # training batches train_batches() has handed out since start_batch
+        self.rows_read = 0  # sampling=epoch: rows of the epochs' sequence read before start_batch
         self.pin_memory = torch.cuda.is_available()  # the loop turns it off for CPU processes
         self._meta: dict | None = None
         self._tokenizer: Tokenizer | None = None
         self._val_starts: np.ndarray | None = None
         self._train_pool: np.ndarray | None = None  # BOS-aligned rows' document starts
+        self._train_rows: np.ndarray | None = None  # sampling=epoch: the rows each epoch visits
         # set (the tokenizer's end-of-text id) for a document_mask model: batches are then
         # (x, y, document_ids), each such token beginning a document
         self.document_bos: int | None = None
@@ -204,6 +213,7 @@ class TokenDataModule:
                     f"fewer than one window of context_length + 1 = {need}; use more text or a "
                     f"smaller context_length"
                 )
+        self._train_rows = window_rows(meta["train_tokens"], self.context_length)
         if self.config.align == "bos":
             self._align_rows(meta)
         else:
@@ -223,6 +233,7 @@ class TokenDataModule:
                                 f"a full row of context_length + 1 = {T + 1} tokens; use a "
                                 f"smaller context_length or data.align=window")
         self._train_pool = pools["train"]
+        self._train_rows = packed_row_starts(pools["train"], meta["train_tokens"], T)
         rows = packed_row_starts(pools["val"], meta["val_tokens"], T)
         keep = max(1, min(len(rows), self.config.val_tokens // T))
         self._val_starts = rows[np.linspace(0, len(rows) - 1, keep).round().astype(int)]
@@ -246,6 +257,8 @@ class TokenDataModule:
                                 self.seed, self.rank, start_batch=self.start_batch,
                                 pool=self._train_pool)
         dataset.vocab_size, dataset.document_bos = self.meta["vocab_size"], self.document_bos
+        if self.config.sampling == "epoch":
+            dataset.epochs = (self._train_rows, self.rows_read, self.world_size)
         return self._loader(dataset, persistent=False)
 
     def train_batches(self) -> CountedBatches:
@@ -279,12 +292,16 @@ class TokenDataModule:
 
     def state_dict(self) -> dict:
         meta_fp = self._meta.get("fingerprint") if self._meta else None
-        return {"batches_consumed": self.batches_consumed, "seed": self.seed,
+        rows_read = self.rows_read + self.drawn * self.batch_size * self.world_size
+        return {"batches_consumed": self.batches_consumed, "rows_read": rows_read, "seed": self.seed,
                 "batch_size": self.batch_size, "context_length": self.context_length,
                 "fingerprint": meta_fp}
 
     def load_state_dict(self, state: dict) -> None:
         self.start_batch, self.drawn = int(state["batches_consumed"]), 0
+        # checkpoints from before epochs: every process had read batches_consumed batches
+        self.rows_read = int(state.get("rows_read", self.start_batch * self.batch_size
+                                       * self.world_size))
         now = {"seed": self.seed, "batch_size": self.batch_size,
                "context_length": self.context_length}
         if self._meta is not None:
