@@ -24,3 +24,18 @@ def test_per_document_kernel_matches_the_dense_mask():
     dense = document_attention(q, k, v, ids, None, None, 0.0,
                                torch.nn.functional.scaled_dot_product_attention)
     torch.testing.assert_close(bench.per_document_attention(q, k, v, ids), dense)
+
+
+def test_bos_crop_bench_prints_its_table(tmp_path, capsys):
+    from bench import bos_crop
+    from minigpt.data.prepare import prepare_dataset
+
+    (tmp_path / "a.txt").write_text("one two three\n\nfour five\n\nsix seven eight nine ten\n")
+    config = {"name": "tiny", "source": "files", "paths": [str(tmp_path / "a.txt")],
+              "tokenizer": "char", "sample_by": "paragraph", "val_split": "document",
+              "val_fraction": 0.34, "cache_dir": str(tmp_path / "hf")}
+    prepare_dataset(config, tmp_path / "data", progress=False)
+    bos_crop.main([str(tmp_path / "data" / "tiny"), "--context", "4", "8"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "documents" in lines[0]
+    assert [line.split()[0] for line in lines[-2:]] == ["4", "8"]
