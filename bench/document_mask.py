@@ -3,11 +3,12 @@
     python -m bench.document_mask                          # all cores, wall clock
     python -m bench.document_mask --threads 1 --clock cpu  # one core, immune to other load
     python -m bench.document_mask --self-test              # tiny shapes, one repeat (CI)
+    python -m bench.document_mask --device cuda --tokens 1024 --batch 8   # a GPU (unmeasured)
 
 1. Kernels: forward + backward of one attention over (B, nh, T, hd) = the toy model's
    (32, 4, 256, 64) on packed rows of documents (lengths drawn around ``--doc-mean`` tokens):
-   ``causal`` (SDPA, ``is_causal``: the cost to meet), ``dense mask`` (SDPA with the boolean
-   block-diagonal mask, what ``minigpt.documents`` runs on the CPU), ``per document`` (one SDPA
+   ``causal`` (SDPA, ``is_causal``: the cost to meet), ``dense mask`` (``document_attention``:
+   SDPA with the boolean block-diagonal mask on the CPU, FlexAttention's block mask on CUDA), ``per document`` (one SDPA
    call per document of each row, causal), ``flex compiled`` (``torch.compile(flex_attention)``
    with the block mask; reported as failed where its CPU backward is missing).
 2. The step: the toy model (4 layers, 4 heads, 256 dims, T = 256), forward + loss + backward +
@@ -74,6 +75,11 @@ def kernels(document_ids):
     }
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def time_interleaved(steps: dict, repeats: int, warmup: int = 2) -> dict[str, float | str]:
     """Median seconds per call of each step (its error's first line if it fails in warm-up)."""
     results: dict[str, float | str] = {}
@@ -88,8 +94,10 @@ def time_interleaved(steps: dict, repeats: int, warmup: int = 2) -> dict[str, fl
     times = {name: [] for name in live}
     for _ in range(repeats):
         for name, step in live.items():
+            _sync()
             start = clock()
             step()
+            _sync()
             times[name].append(clock() - start)
     results.update({name: statistics.median(t) for name, t in times.items()})
     return results
@@ -99,7 +107,8 @@ def kernel_table(idx: torch.Tensor, repeats: int) -> None:
     B, T = idx.shape
     nh, hd = TOY["n_head"], TOY["n_embd"] // TOY["n_head"]
     torch.manual_seed(0)
-    q, k, v = (torch.randn(B, nh, T, hd, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(B, nh, T, hd, device=idx.device, requires_grad=True)
+               for _ in range(3))
 
     def fwd_bwd(kernel):
         def step():
@@ -123,12 +132,13 @@ def step_table(idx: torch.Tensor, repeats: int, precision: str) -> None:
     for name, masked in (("causal", False), ("document_mask", True)):
         torch.manual_seed(0)
         config = GPTConfig(**{**TOY, "context_length": idx.shape[1]}, document_mask=masked)
-        model = GPT(config).train()
-        speed_up_training(model, precision=precision, keep_freed_memory=False)
+        model = GPT(config).to(idx.device).train()
+        speed_up_training(model, precision=precision, keep_freed_memory=False)  # CPU only
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
         def step(model=model, optimizer=optimizer, masked=masked):
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            with torch.autocast(x.device.type, dtype=torch.bfloat16,
+                                enabled=precision == "bf16-mixed"):
                 loss = model.loss(x, y, document_ids=ids if masked else None)
             loss.backward()
             optimizer.step()
@@ -149,13 +159,14 @@ def main(argv=None) -> None:
     parser.add_argument("--doc-mean", type=int, default=64, help="mean document length")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--precision", choices=("bf16-mixed", "32-true"), default="bf16-mixed")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--self-test", action="store_true", help="tiny shapes, one repeat")
     add_timing_arguments(parser)
     args = parser.parse_args(argv)
     configure_timing(parser, args)
     if args.self_test:
         args.batch, args.tokens, args.doc_mean, args.repeats = 2, 32, 8, 1
-    idx = packed_rows(args.batch, args.tokens, args.doc_mean)
+    idx = packed_rows(args.batch, args.tokens, args.doc_mean).to(args.device)
     docs = int((idx == BOS).sum())
     print(f"{args.batch} rows x {args.tokens} tokens, {docs} documents "
           f"(mean {idx.numel() / docs:.0f} tokens), {torch.get_num_threads()} thread(s), "
