@@ -28,7 +28,7 @@ from minigpt.checkpoint import MODEL_FILE, find_latest_checkpoint, is_sharded_ch
 from minigpt.config import TrainSchema, typed
 from minigpt.consolidate import consolidate
 from minigpt.cpu import speed_up_training
-from minigpt.data import DataConfig, TokenDataModule, check_vocab_fits, open_tokens
+from minigpt.data import DataConfig, TokenDataModule, check_vocab_fits
 from minigpt.data.datamodule import prepare_tokens
 from minigpt.errors import ConfigError
 from minigpt.eval.training import training_items
@@ -207,8 +207,7 @@ def build_loop(train: TrainSchema, fabric: Fabric, plan: RunPlan, setup: Setup,
         data=setup.data, checkpoints=CheckpointFiles(fabric, run_dir / "checkpoints"),
         sampler=Sampler(setup.tokenizer, run_dir / "samples.txt", train.sample, seed=train.seed),
         eval_items=eval_items,
-        bytes_per_token=bytes_per_token(setup.data.directory, setup.meta, setup.tokenizer,
-                                        setup.data_cfg.val_tokens),
+        bytes_per_token=bytes_per_token(setup.data, setup.tokenizer, setup.data_cfg.val_tokens),
     )
 
 
@@ -309,10 +308,11 @@ def _run_dir(run_dir) -> Path:
     return Path(HydraConfig.get().runtime.output_dir)
 
 
-def bytes_per_token(directory: Path, meta: dict, tokenizer, budget: int) -> float | None:
+def bytes_per_token(data: TokenDataModule, tokenizer, budget: int) -> float | None:
     """UTF-8 bytes per token over the first ``budget`` validation tokens (for bits per byte)."""
     try:
-        tokens = open_tokens(directory, "val", meta)[:budget]
+        val = data.split_tokens("val")  # prepared tokens or shards
+        tokens = val.open()[:min(budget, len(val))]
         n_bytes = len(tokenizer.decode(tokens.tolist()).encode("utf-8"))
         return n_bytes / max(1, len(tokens))
     except Exception as e:
