@@ -4,9 +4,11 @@ processes, through TokenDataModule's checkpoint state."""
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 
 import numpy as np
+import pytest
 
 from minigpt.data import TokenDataModule
 from minigpt.data.epochs import batch_positions, epoch_rows, window_rows
@@ -70,3 +72,17 @@ def test_datamodule_epoch_visits_every_window_and_resumes_on_other_process_count
             resumed += starts_of(stream, 1)
     assert resumed == expected
     assert later != expected
+
+
+def test_resuming_with_other_sampling_warns_and_old_checkpoints_do_not(tmp_path):
+    data = data_module(tmp_path)
+    state = data.state_dict()
+    old = {k: v for k, v in state.items() if k not in ("align", "sampling", "rows_read")}
+    window = data_module(tmp_path)
+    window.config.sampling = "random"
+    with pytest.warns(UserWarning, match=r"sampling: epoch -> random"):
+        window.load_state_dict(state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        window.load_state_dict(old)  # written before align/sampling: random windows, silent
+    assert window.rows_read == 0

@@ -295,7 +295,8 @@ class TokenDataModule:
         rows_read = self.rows_read + self.drawn * self.batch_size * self.world_size
         return {"batches_consumed": self.batches_consumed, "rows_read": rows_read, "seed": self.seed,
                 "batch_size": self.batch_size, "context_length": self.context_length,
-                "fingerprint": meta_fp}
+                "fingerprint": meta_fp, "align": self.config.align,
+                "sampling": self.config.sampling}
 
     def load_state_dict(self, state: dict) -> None:
         self.start_batch, self.drawn = int(state["batches_consumed"]), 0
@@ -303,14 +304,19 @@ class TokenDataModule:
         self.rows_read = int(state.get("rows_read", self.start_batch * self.batch_size
                                        * self.world_size))
         now = {"seed": self.seed, "batch_size": self.batch_size,
-               "context_length": self.context_length}
+               "context_length": self.context_length, "align": self.config.align,
+               "sampling": self.config.sampling}
         if self._meta is not None:
             now["fingerprint"] = self._meta.get("fingerprint")
+        state = {**_BEFORE_DOCUMENTS, **state}  # older checkpoints: random windows
         changed = [f"{k}: {state.get(k)} -> {v}" for k, v in now.items() if state.get(k) != v]
         if changed:
             warnings.warn(f"resuming with different data settings ({', '.join(changed)}): training "
                           f"continues at batch {self.start_batch}, but not with the batches the "
                           f"original run would have drawn", stacklevel=2)
+
+
+_BEFORE_DOCUMENTS = {"align": "window", "sampling": "random"}
 
 
 class CountedBatches:
