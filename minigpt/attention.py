@@ -221,7 +221,7 @@ class MultiHeadAttention(nn.Module):
 
         Computed explicitly on request only; ``forward`` never materializes them.
         """
-        q, k, _ = self._project(x, key_padding_mask, None, None)
+        q, k, _ = self._project(x, key_padding_mask, None)
         if self.rope_theta is not None:
             if position_ids is None:
                 position_ids = torch.arange(x.shape[1], device=x.device)[None]
@@ -241,7 +241,7 @@ class MultiHeadAttention(nn.Module):
 
     def _project(
         self, x: Tensor, key_padding_mask: Tensor | None, kv_cache: LayerCache | None,
-        document_ids: Tensor | None,
+        document_ids: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, nh, T, hd), keys and values (B, nkv, T, hd) of ``x``, QK-normalized when
         asked: every caller (``forward``, ``attention_weights``) gets them from here."""
