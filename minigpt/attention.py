@@ -12,10 +12,11 @@ Variants, keyword-only and off by default (the plain path above is unchanged by 
 grouped-query attention (``num_kv_heads``: fewer key/value heads, a smaller projection and KV
 cache), rotary position embeddings (``rope``, ``minigpt.rope``), sliding-window attention
 (``window``, ``minigpt.window``) and QK-norm (``qk_norm``: queries and keys scaled to unit RMS
-per head as they leave the projection). ``forward`` reads top to bottom: project (and
-normalize), rotate (rope), write
-the KV cache (``minigpt.kv_cache``: the one cache, a ring for a window), attend, project out. It
-is the only code that attends: a prompt or one token, eager or captured in a CUDA graph.
+per head as they leave the projection). ``forward`` also takes ``document_ids``: a packed row of
+documents, each attending only within itself (``minigpt.documents``). ``forward`` reads top to
+bottom: project (and normalize), rotate (rope), write the KV cache (``minigpt.kv_cache``: the
+one cache, a ring for a window), attend, project out. It is the only code that attends: a prompt
+or one token, eager or captured in a CUDA graph.
 
 Shape letters used in comments:
     B batch, T new tokens, L keys visible (cached + new), nh heads, nkv key/value heads, hd head
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from minigpt.documents import check_document_ids, document_attention, document_positions
 from minigpt.kv_cache import KVCache, LayerCache
 from minigpt.rope import apply_rope, check_rope_head_dim, check_rope_theta, rope_angles
 from minigpt.window import banded_attention, check_window, finite_rows, window_mask
@@ -117,7 +119,7 @@ class MultiHeadAttention(nn.Module):
     def forward(
         self, x: Tensor, key_padding_mask: Tensor | None = None,
         kv_cache: LayerCache | None = None, position_ids: Tensor | None = None,
-        value_embedding: Tensor | None = None,
+        value_embedding: Tensor | None = None, document_ids: Tensor | None = None,
     ) -> Tensor:
         """Attend causally over ``x`` (B, T, d_in) and return (B, T, d_out).
 
@@ -129,31 +131,47 @@ class MultiHeadAttention(nn.Module):
         rotary embeddings use (default: after the cached tokens); ignored without rope.
         ``value_embedding`` (B, T, nkv * hd) is added to the new tokens' values before they are
         attended to or cached (``GPTConfig.value_embeddings``); the scores do not change.
+        ``document_ids`` (B, T) int: a packed row of documents (``minigpt.documents``), each token
+        attending only to earlier tokens of its own document, rotary positions restarting at each
+        (unless ``position_ids`` are given); not with a KV cache (decoding is one document).
         """
-        q, k, v = self._project(x, key_padding_mask, kv_cache)
+        q, k, v = self._project(x, key_padding_mask, kv_cache, document_ids)
         if value_embedding is not None:
             v = v + self._heads_of(value_embedding, x)
         if self.rope_theta is not None:  # rotary position embeddings (minigpt.rope)
             if position_ids is None:
-                position_ids = kv_cache.next_positions(x.shape[1]) if kv_cache is not None \
-                    else torch.arange(x.shape[1], device=x.device)[None]
+                position_ids = self._positions(x, kv_cache, document_ids)
             q, k = self._rotate(q, k, position_ids)
         dropout_p = self.dropout if self.training else 0.0
         cached = None
         if kv_cache is not None:
             cached = kv_cache.update(k, v, key_padding_mask, position_ids)
         if cached is None:  # nothing cached before: the new tokens attend among themselves
-            y = self._self_attention(q, k, v, key_padding_mask, dropout_p)
+            y = self._self_attention(q, k, v, key_padding_mask, dropout_p, document_ids)
         else:
             y = self._cached_attention(q, *cached, dropout_p)
         B, _, T, _ = y.shape
         y = y.transpose(1, 2).reshape(B, T, self.d_out)  # (B, T, C)
         return self.out_proj(y)
 
+    def _positions(self, x: Tensor, kv_cache: LayerCache | None,
+                   document_ids: Tensor | None) -> Tensor:
+        """Rotary positions (1 or B, T) when none are given: after the cached tokens, from 0 at
+        each document's start, or 0..T-1."""
+        if kv_cache is not None:
+            return kv_cache.next_positions(x.shape[1])
+        if document_ids is not None:
+            return document_positions(document_ids)
+        return torch.arange(x.shape[1], device=x.device)[None]
+
     def _self_attention(self, q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None,
-                        dropout_p: float) -> Tensor:
+                        dropout_p: float, document_ids: Tensor | None = None) -> Tensor:
         """T queries over their own T keys: full causal, or banded for a window shorter than T
-        (a sequence no longer than the window is plain causal attention)."""
+        (a sequence no longer than the window is plain causal attention), or within each
+        document of a packed row (``minigpt.documents``)."""
+        if document_ids is not None:
+            return document_attention(q, k, v, document_ids, self.window, padding, dropout_p,
+                                      self._sdpa)
         if self.window is not None and q.shape[2] > self.window:
             return banded_attention(q, k, v, self.window, padding, dropout_p, self._sdpa)
         if padding is None:  # plain causal path: no T x T tensor; one query needs no mask at all
@@ -222,11 +240,12 @@ class MultiHeadAttention(nn.Module):
         return weights
 
     def _project(
-        self, x: Tensor, key_padding_mask: Tensor | None, kv_cache: LayerCache | None
+        self, x: Tensor, key_padding_mask: Tensor | None, kv_cache: LayerCache | None,
+        document_ids: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, nh, T, hd), keys and values (B, nkv, T, hd) of ``x``, QK-normalized when
         asked: every caller (``forward``, ``attention_weights``) gets them from here."""
-        self._check_inputs(x, key_padding_mask, kv_cache)
+        self._check_inputs(x, key_padding_mask, kv_cache, document_ids)
         q, k, v = self._project_heads(x)
         if self.qk_norm_eps is not None:
             q, k = rms_norm_heads(q, self.qk_norm_eps), rms_norm_heads(k, self.qk_norm_eps)
@@ -264,7 +283,7 @@ class MultiHeadAttention(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
     def _check_inputs(self, x: Tensor, key_padding_mask: Tensor | None,
-                      kv_cache: LayerCache | None):
+                      kv_cache: LayerCache | None, document_ids: Tensor | None):
         if x.dim() != 3 or x.shape[-1] != self.d_in:
             raise ValueError(
                 f"x must have shape (batch, tokens, d_in={self.d_in}), got {tuple(x.shape)}"
@@ -273,6 +292,11 @@ class MultiHeadAttention(nn.Module):
         if kv_cache is not None and kv_cache.window != self.window:
             raise ValueError(f"this KV cache was built for window={kv_cache.window}, the layer "
                              f"attends with window={self.window}; build it with the layer's window")
+        if document_ids is not None:
+            if kv_cache is not None:
+                raise ValueError("document_ids cannot be given with a KV cache: decoding is one "
+                                 "document; pass document_ids=None")
+            check_document_ids(document_ids, B, T)
         tokens = T if kv_cache is None else kv_cache.total_after(T)
         if not self.unbounded and tokens is not None:
             check_context_fits(tokens, self.context_length)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minigpt.attention import MultiHeadAttention, check_context_fits, check_kv_heads
+from minigpt.documents import check_document_ids, document_positions
 from minigpt.field_rules import OneOf, Range, field_problems
 from minigpt.kv_cache import KVCache, LayerCache
 from minigpt.rope import check_rope_head_dim
@@ -64,6 +65,9 @@ class GPTConfig:
     zero_init_proj: bool = False  # attention output and MLP down projections start at zero
     logit_softcap: float | None = None  # logits = cap * tanh(logits / cap); None: no cap
     value_embeddings: bool = False  # every other layer adds a token-indexed table to its values
+    # Training on packed rows of documents (minigpt.documents): rows come with document_ids, a
+    # token attends only within its document, positions restart at each; decoding is unchanged
+    document_mask: bool = False
 
     def __post_init__(self):
         problems = self.problems()
@@ -198,10 +202,10 @@ class Block(nn.Module):
     def forward(
         self, x: Tensor, key_padding_mask: Tensor | None = None,
         kv_cache: LayerCache | None = None, position_ids: Tensor | None = None,
-        value_embedding: Tensor | None = None,
+        value_embedding: Tensor | None = None, document_ids: Tensor | None = None,
     ) -> Tensor:
         x = x + self.drop(self.attn(self.norm1(x), key_padding_mask, kv_cache, position_ids,
-                                    value_embedding))
+                                    value_embedding, document_ids))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
@@ -271,6 +275,7 @@ class GPT(nn.Module):
         position_ids: Tensor | None = None,
         kv_cache: KVCache | None = None,
         last_only: bool = False,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """Logits (B, T, V) for token ids ``idx`` (B, T); (B, 1, V) for the last position only
         with ``last_only`` (all sampling needs: the LM head is a quarter of GPT-2's weights).
@@ -279,8 +284,9 @@ class GPT(nn.Module):
         each row's positions after its cached tokens; left-padded batches pass their own so each
         row's first real token sits at position 0 (the cache continues from them). The same
         forward serves a prompt and a one-token step, eager or compiled into a CUDA graph.
+        ``document_ids`` (B, T): see ``hidden_states``.
         """
-        x = self.hidden_states(idx, key_padding_mask, position_ids, kv_cache)
+        x = self.hidden_states(idx, key_padding_mask, position_ids, kv_cache, document_ids)
         if last_only:
             x = x[:, -1:]  # (B, 1, C)
         return self.logits(x)  # (B, T, V)
@@ -297,6 +303,7 @@ class GPT(nn.Module):
         key_padding_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
         ignore_index: int = -100,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """Mean next-token cross-entropy (float32 scalar) of ``idx`` (B, T) against ``targets``
         (B, T); targets equal to ``ignore_index`` do not count. The value of
@@ -304,7 +311,8 @@ class GPT(nn.Module):
         if targets.shape != idx.shape:
             raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, "
                              f"got {tuple(targets.shape)}")
-        x = self.hidden_states(idx, key_padding_mask, position_ids)  # (B, T, C)
+        x = self.hidden_states(idx, key_padding_mask, position_ids,
+                               document_ids=document_ids)  # (B, T, C)
         return self.next_token_loss(x, self.lm_head, targets, ignore_index)
 
     def hidden_states(
@@ -313,11 +321,26 @@ class GPT(nn.Module):
         key_padding_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
         kv_cache: KVCache | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
-        """The final-LayerNorm output (B, T, C) that the LM head turns into logits."""
+        """The final-LayerNorm output (B, T, C) that the LM head turns into logits.
+
+        ``document_ids`` (B, T) int (``document_mask`` models only): ``idx`` is a packed row of
+        documents (``minigpt.documents``); each token attends only to earlier tokens of its own
+        document and positions restart at 0 at each, so every document gets the numbers it would
+        get alone."""
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (batch, tokens), got {tuple(idx.shape)}")
         T = idx.shape[1]
+        if document_ids is not None:
+            if not self.config.document_mask:
+                raise ValueError("document_ids were given to a model built with "
+                                 "document_mask=false; set model.document_mask=true")
+            check_document_ids(document_ids, idx.shape[0], T)
+            if position_ids is None:
+                if not self.unbounded:
+                    check_context_fits(T, self.config.context_length)
+                position_ids = document_positions(document_ids)  # (B, T)
         if position_ids is None:
             tokens = T if kv_cache is None else kv_cache.total_after(T)
             if not self.unbounded and tokens is not None:
@@ -330,7 +353,8 @@ class GPT(nn.Module):
             layers = kv_cache.layers
         x = self.drop(self.embed(idx, position_ids))  # (B, T, C)
         for i, (block, layer_cache) in enumerate(zip(self.blocks, layers, strict=True)):
-            x = block(x, key_padding_mask, layer_cache, position_ids, self.value_embedding(i, idx))
+            x = block(x, key_padding_mask, layer_cache, position_ids, self.value_embedding(i, idx),
+                      document_ids)
         return self.final_norm(x)
 
     def value_embedding(self, layer: int, idx: Tensor) -> Tensor | None:

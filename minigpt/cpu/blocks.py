@@ -53,10 +53,11 @@ def compile_training_forward(block: nn.Module) -> None:
 
     def forward(x: Tensor, key_padding_mask: Tensor | None = None, kv_cache=None,
                 position_ids: Tensor | None = None,
-                value_embedding: Tensor | None = None) -> Tensor:
+                value_embedding: Tensor | None = None,
+                document_ids: Tensor | None = None) -> Tensor:
         if key_padding_mask is None and kv_cache is None:
-            return compiled(x, None, None, position_ids, value_embedding)
-        return eager(x, key_padding_mask, kv_cache, position_ids, value_embedding)
+            return compiled(x, None, None, position_ids, value_embedding, document_ids)
+        return eager(x, key_padding_mask, kv_cache, position_ids, value_embedding, document_ids)
 
     forward.compiled_for_training = True
     block.forward = forward  # an instance attribute: the class and its other instances unchanged

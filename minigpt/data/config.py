@@ -10,10 +10,12 @@ from minigpt.errors import UserError
 from minigpt.field_rules import OneOf, Range, Satisfies, field_problems
 from minigpt.tokenizer import TIKTOKEN_ENCODINGS
 
-SOURCES = ("shakespeare", "files", "hub")  # built in (minigpt.data.sources.SOURCES)
+SOURCES = ("shakespeare", "files", "hub", "shards")  # built in (shards: read as they are)
 FORMATS = ("auto", "text", "json", "parquet", "csv")
 SAMPLE_BY = ("document", "line", "paragraph")
 VAL_SPLITS = ("tail", "document")
+ALIGNS = ("window", "bos")
+SAMPLINGS = ("random", "epoch")
 AT_LEAST_1 = Range(1)
 # The one table of DataConfig's single-field rules (its types come from the annotations); a
 # training run's data.* checks are these too (minigpt.config.rules).
@@ -25,6 +27,7 @@ DATA_RULES = {
                         "yielding documents (docs/extending.md)"),
     "tokenizer": OneOf(("char", *TIKTOKEN_ENCODINGS)),
     "format": OneOf(FORMATS), "sample_by": OneOf(SAMPLE_BY), "val_split": OneOf(VAL_SPLITS),
+    "align": OneOf(ALIGNS), "sampling": OneOf(SAMPLINGS),
     "encoding": Satisfies(lambda name: _known_encoding(name), "an encoding Python knows (e.g. "
                           "utf-8, latin-1, cp1252, utf-16)"),
     "val_fraction": Range(0, 1, low_open=True, high_open=True),
@@ -47,7 +50,7 @@ class DataConfig:
     """
 
     name: str  # [prepare] directory under data_root
-    source: str = "shakespeare"  # [prepare] shakespeare | files | hub | a dotted path of your own
+    source: str = "shakespeare"  # [prepare] shakespeare | files | hub | shards | a dotted path of your own
     source_args: dict[str, Any] = field(default_factory=dict)  # [prepare] its keyword arguments
     tokenizer: str = "gpt2"  # [prepare] char | gpt2 | r50k_base | p50k_base | cl100k_base | o200k_base
     # files: local paths or globs (relative to the working directory)
@@ -63,6 +66,9 @@ class DataConfig:
     split: str = "train"  # [prepare]
     revision: str | None = None  # [prepare]
     streaming: bool = False  # [prepare]
+    # shards: llm.c .bin token shards (GPT-2 ids), used as they are (minigpt.data.shards)
+    train_shards: str | None = None  # glob of the training shards
+    val_shards: str | None = None  # glob of the validation shards
     max_documents: int | None = None  # [prepare] cap on documents read
     max_tokens: int | None = None  # [prepare] stop after the document reaching this many tokens
     val_fraction: float = 0.1  # [prepare]
@@ -74,6 +80,12 @@ class DataConfig:
     val_batch_size: int | None = None  # default: batch_size
     num_workers: int = 0  # DataLoader workers
     val_tokens: int = 65536  # validation token budget: val_tokens // context_length fixed windows
+    # window: rows cut anywhere (nanoGPT); bos: every row starts at a document's first token,
+    # the documents after it packed in order (minigpt.data.bos)
+    align: str = "window"
+    # random: rows drawn with replacement, a pure function of (seed, rank, batch); epoch: every
+    # row once per epoch in a seeded order, processes disjoint (minigpt.data.epochs)
+    sampling: str = "random"
 
     def __post_init__(self):
         if isinstance(self.paths, str):
@@ -91,7 +103,9 @@ class DataConfig:
     def spanning_problems(self) -> list[str]:
         """What a source needs besides itself."""
         needs = {"files": (self.paths, "source=files needs paths (files or globs)"),
-                 "hub": (self.hub_name, "source=hub needs hub_name")}
+                 "hub": (self.hub_name, "source=hub needs hub_name"),
+                 "shards": (self.train_shards and self.val_shards,
+                            "source=shards needs train_shards and val_shards (globs)")}
         given, problem = needs.get(self.source, (True, ""))
         return [] if given else [problem]
 

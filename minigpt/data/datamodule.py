@@ -24,9 +24,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from minigpt.data.bos import document_starts, draw_rows, packed_row_starts, row_pool
 from minigpt.data.config import DataConfig, DataError
+from minigpt.data.epochs import batch_positions, epoch_rows, window_rows
 from minigpt.data.prepare import fingerprint, fingerprint_inputs, prepare_dataset
-from minigpt.data.tokens import check_token_ids, load_meta
+from minigpt.data.shards import ShardStream, shards_meta
+from minigpt.data.tokens import TokenFile, load_meta
+from minigpt.documents import document_ids_of
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
 
 
@@ -46,53 +50,77 @@ def val_window_starts(n_tokens: int, context_length: int, token_budget: int) -> 
     return (np.arange(n) * (n_tokens - context_length - 1)) // max(n - 1, 1)
 
 
+def prepare_tokens(data_cfg: Any, data_root: str | Path, progress: bool = True) -> dict:
+    """The meta of a run's tokens: prepared files (``prepare_dataset``: made if needed), or
+    what token shards' headers say (``shards_meta``: nothing to prepare)."""
+    config = DataConfig.from_any(data_cfg)
+    if config.source == "shards":
+        return shards_meta(config)
+    return prepare_dataset(config, data_root, progress=progress)
+
+
 class _Windows(IterableDataset):
-    """Base: the memory map is opened lazily in each worker (a pickled memmap would be a copy)."""
+    """Base: the tokens (a ``TokenFile`` or a ``ShardStream``) are memory-mapped lazily in each
+    worker (a pickled memmap would be a copy)."""
 
     vocab_size: int | None = None  # ids at or above it stop the run, naming file and offset
+    document_bos: int | None = None  # set: batches carry document_ids, each such token a start
 
-    def __init__(self, path: Path, dtype: str, n_tokens: int, context_length: int):
-        self.path, self.dtype, self.n_tokens, self.T = path, dtype, n_tokens, context_length
+    def __init__(self, tokens: TokenFile | ShardStream, context_length: int):
+        self.tokens, self.n_tokens, self.T = tokens, len(tokens), context_length
 
     def _batch(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         idx = starts[:, None] + np.arange(self.T + 1)  # (B, T+1)
         chunk = tokens[idx]  # (B, T+1)
         if self.vocab_size is not None:  # on the host, before the model sees it: no device sync
-            check_token_ids(chunk, self.vocab_size, self.path, starts)
+            self.tokens.check_batch(chunk, self.vocab_size, starts)
         chunk = chunk.astype(np.int64)
         # Two contiguous tensors, not two views of one: the DataLoader pins each as it is, and
         # only a contiguous pinned tensor copies to the GPU asynchronously (non_blocking).
         x = torch.from_numpy(np.ascontiguousarray(chunk[:, :-1]))  # (B, T)
         y = torch.from_numpy(np.ascontiguousarray(chunk[:, 1:]))  # (B, T)
-        return x, y
+        if self.document_bos is None:
+            return x, y
+        return x, y, document_ids_of(x, self.document_bos)  # (B, T), made on the host
 
     def _open(self) -> tuple[np.ndarray, int, int]:
         info = get_worker_info()
-        tokens = np.memmap(self.path, dtype=np.dtype(self.dtype), mode="r", shape=(self.n_tokens,))
-        return tokens, (info.id if info else 0), (info.num_workers if info else 1)
+        return self.tokens.open(), (info.id if info else 0), (info.num_workers if info else 1)
 
 
 class RandomWindows(_Windows):
     """Endless training batches ``start_batch, start_batch + 1, ...`` (see ``window_starts``)."""
 
-    def __init__(self, path, dtype, n_tokens, context_length, batch_size, seed, rank, start_batch=0):
-        super().__init__(path, dtype, n_tokens, context_length)
+    def __init__(self, tokens, context_length, batch_size, seed, rank, start_batch=0,
+                 pool: np.ndarray | None = None):
+        super().__init__(tokens, context_length)
         self.batch_size, self.seed, self.rank, self.start_batch = batch_size, seed, rank, start_batch
+        self.pool = pool  # BOS-aligned: rows start at these document starts (minigpt.data.bos)
+        # sampling=epoch: (rows, rows read before start_batch, processes); minigpt.data.epochs
+        self.epochs: tuple[np.ndarray, int, int] | None = None
+
+    def starts(self, b: int) -> np.ndarray:
+        if self.epochs is not None:
+            rows, rows_read, world = self.epochs
+            return epoch_rows(self.seed, rows, batch_positions(
+                rows_read, b - self.start_batch, self.batch_size, self.rank, world))
+        if self.pool is not None:
+            return draw_rows(self.seed, self.rank, b, self.batch_size, self.pool)
+        return window_starts(self.seed, self.rank, b, self.batch_size, self.n_tokens, self.T)
 
     def __iter__(self):
         tokens, worker, workers = self._open()
         b = self.start_batch + worker
         while True:
-            yield self._batch(tokens, window_starts(self.seed, self.rank, b, self.batch_size,
-                                                    self.n_tokens, self.T))
+            yield self._batch(tokens, self.starts(b))
             b += workers
 
 
 class FixedWindows(_Windows):
     """Finite batches over the given window starts, in order."""
 
-    def __init__(self, path, dtype, n_tokens, context_length, starts: np.ndarray, batch_size: int):
-        super().__init__(path, dtype, n_tokens, context_length)
+    def __init__(self, tokens, context_length, starts: np.ndarray, batch_size: int):
+        super().__init__(tokens, context_length)
         self.batches = [starts[i:i + batch_size] for i in range(0, len(starts), batch_size)]
 
     def __len__(self) -> int:
@@ -125,10 +153,16 @@ class TokenDataModule:
         self.rank, self.world_size = rank, world_size
         self.start_batch = 0  # first training batch to draw; set from checkpoints on resume
         self.drawn = 0  # training batches train_batches() has handed out since start_batch
+        self.rows_read = 0  # sampling=epoch: rows of the epochs' sequence read before start_batch
         self.pin_memory = torch.cuda.is_available()  # the loop turns it off for CPU processes
         self._meta: dict | None = None
         self._tokenizer: Tokenizer | None = None
         self._val_starts: np.ndarray | None = None
+        self._train_pool: np.ndarray | None = None  # BOS-aligned rows' document starts
+        self._train_rows: np.ndarray | None = None  # sampling=epoch: the rows each epoch visits
+        # set (the tokenizer's end-of-text id) for a document_mask model: batches are then
+        # (x, y, document_ids), each such token beginning a document
+        self.document_bos: int | None = None
 
     # ---- metadata --------------------------------------------------------------------------
 
@@ -139,7 +173,10 @@ class TokenDataModule:
         return self._meta
 
     def _load_meta(self) -> dict:
-        """The prepared meta, refusing files prepared from other sources or settings."""
+        """The prepared meta, refusing files prepared from other sources or settings; for
+        token shards, what their headers say (``shards_meta``)."""
+        if self.config.source == "shards":
+            return shards_meta(self.config)
         meta = load_meta(self.directory)
         try:
             expected = fingerprint(fingerprint_inputs(self.config))
@@ -164,7 +201,7 @@ class TokenDataModule:
     # ---- files ---------------------------------------------------------------------------
 
     def prepare_data(self) -> None:
-        self._meta = prepare_dataset(self.config, self.data_root)
+        self._meta = prepare_tokens(self.config, self.data_root)
 
     def setup(self, stage: str | None = None) -> None:
         self._meta = meta = self._load_meta()  # again: another process may have prepared
@@ -176,8 +213,37 @@ class TokenDataModule:
                     f"fewer than one window of context_length + 1 = {need}; use more text or a "
                     f"smaller context_length"
                 )
-        self._val_starts = val_window_starts(meta["val_tokens"], self.context_length,
-                                             self.config.val_tokens)
+        self._train_rows = window_rows(meta["train_tokens"], self.context_length)
+        if self.config.align == "bos":
+            self._align_rows(meta)
+        else:
+            self._val_starts = val_window_starts(meta["val_tokens"], self.context_length,
+                                                 self.config.val_tokens)
+
+    def _align_rows(self, meta: dict) -> None:
+        """BOS-aligned rows (``minigpt.data.bos``): the training pool of document starts and
+        the validation rows (packed in order, evenly thinned to ``val_tokens``)."""
+        bos, T = self.tokenizer.eot_id, self.context_length
+        pools = {}
+        for split in ("train", "val"):
+            tokens = self.split_tokens(split)
+            pools[split] = row_pool(document_starts(tokens.open(), bos), len(tokens), T)
+            if not len(pools[split]):
+                raise DataError(f"no document of the {split} split of {self.config.name} starts "
+                                f"a full row of context_length + 1 = {T + 1} tokens; use a "
+                                f"smaller context_length or data.align=window")
+        self._train_pool = pools["train"]
+        self._train_rows = packed_row_starts(pools["train"], meta["train_tokens"], T)
+        rows = packed_row_starts(pools["val"], meta["val_tokens"], T)
+        keep = max(1, min(len(rows), self.config.val_tokens // T))
+        self._val_starts = rows[np.linspace(0, len(rows) - 1, keep).round().astype(int)]
+
+    def split_tokens(self, split: str) -> TokenFile | ShardStream:
+        """One split's token stream: the prepared flat file, or the shards its glob names."""
+        if self.config.source == "shards":
+            return ShardStream.from_glob(getattr(self.config, f"{split}_shards"))
+        return TokenFile(self.directory / f"{split}.bin", self.meta["dtype"],
+                         self.meta[f"{split}_tokens"])
 
     def _loader(self, dataset: IterableDataset, persistent: bool) -> DataLoader:
         workers = self.config.num_workers
@@ -187,10 +253,12 @@ class TokenDataModule:
     def train_dataloader(self) -> DataLoader:
         if self._val_starts is None:
             self.setup("fit")
-        dataset = RandomWindows(self.directory / "train.bin", self.meta["dtype"],
-                                self.meta["train_tokens"], self.context_length, self.batch_size,
-                                self.seed, self.rank, start_batch=self.start_batch)
-        dataset.vocab_size = self.meta["vocab_size"]
+        dataset = RandomWindows(self.split_tokens("train"), self.context_length, self.batch_size,
+                                self.seed, self.rank, start_batch=self.start_batch,
+                                pool=self._train_pool)
+        dataset.vocab_size, dataset.document_bos = self.meta["vocab_size"], self.document_bos
+        if self.config.sampling == "epoch":
+            dataset.epochs = (self._train_rows, self.rows_read, self.world_size)
         return self._loader(dataset, persistent=False)
 
     def train_batches(self) -> CountedBatches:
@@ -210,10 +278,9 @@ class TokenDataModule:
             raise DataError(f"{len(self._val_starts)} validation window(s) cannot be shared by "
                             f"{world} processes; raise data.val_tokens or val_fraction")
         starts = self._val_starts[rank::world][:per_rank]
-        dataset = FixedWindows(self.directory / "val.bin", self.meta["dtype"], self.meta["val_tokens"],
-                               self.context_length, starts,
+        dataset = FixedWindows(self.split_tokens("val"), self.context_length, starts,
                                self.config.val_batch_size or self.batch_size)
-        dataset.vocab_size = self.meta["vocab_size"]
+        dataset.vocab_size, dataset.document_bos = self.meta["vocab_size"], self.document_bos
         return self._loader(dataset, persistent=True)
 
     # ---- resumable state (stored in checkpoints) -------------------------------------------
@@ -225,21 +292,31 @@ class TokenDataModule:
 
     def state_dict(self) -> dict:
         meta_fp = self._meta.get("fingerprint") if self._meta else None
-        return {"batches_consumed": self.batches_consumed, "seed": self.seed,
+        rows_read = self.rows_read + self.drawn * self.batch_size * self.world_size
+        return {"batches_consumed": self.batches_consumed, "rows_read": rows_read, "seed": self.seed,
                 "batch_size": self.batch_size, "context_length": self.context_length,
-                "fingerprint": meta_fp}
+                "fingerprint": meta_fp, "align": self.config.align,
+                "sampling": self.config.sampling}
 
     def load_state_dict(self, state: dict) -> None:
         self.start_batch, self.drawn = int(state["batches_consumed"]), 0
+        # checkpoints from before epochs: every process had read batches_consumed batches
+        self.rows_read = int(state.get("rows_read", self.start_batch * self.batch_size
+                                       * self.world_size))
         now = {"seed": self.seed, "batch_size": self.batch_size,
-               "context_length": self.context_length}
+               "context_length": self.context_length, "align": self.config.align,
+               "sampling": self.config.sampling}
         if self._meta is not None:
             now["fingerprint"] = self._meta.get("fingerprint")
+        state = {**_BEFORE_DOCUMENTS, **state}  # older checkpoints: random windows
         changed = [f"{k}: {state.get(k)} -> {v}" for k, v in now.items() if state.get(k) != v]
         if changed:
             warnings.warn(f"resuming with different data settings ({', '.join(changed)}): training "
                           f"continues at batch {self.start_batch}, but not with the batches the "
                           f"original run would have drawn", stacklevel=2)
+
+
+_BEFORE_DOCUMENTS = {"align": "window", "sampling": "random"}
 
 
 class CountedBatches:

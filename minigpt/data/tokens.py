@@ -173,3 +173,21 @@ def check_vocab_fits(meta: dict, vocab_size: int) -> None:
             f"{meta['tokenizer']['name']!r} has {meta['vocab_size']} ids) but the model's "
             f"vocab_size={vocab_size}; set model.vocab_size >= {needed} or leave it unset"
         )
+
+
+class TokenFile:
+    """One prepared split's flat token file, as the batches read it: ``len``, ``open()`` (a
+    read-only memory map; open it in the process that reads it) and ``check_batch``."""
+
+    def __init__(self, path: str | os.PathLike, dtype: str, n_tokens: int):
+        self.path, self.dtype, self.n_tokens = Path(path), dtype, n_tokens
+
+    def __len__(self) -> int:
+        return self.n_tokens
+
+    def open(self) -> np.memmap:
+        return np.memmap(self.path, dtype=np.dtype(self.dtype), mode="r", shape=(self.n_tokens,))
+
+    def check_batch(self, batch: np.ndarray, vocab_size: int, offsets: Sequence[int]) -> None:
+        """``check_token_ids`` on a batch read from this file."""
+        check_token_ids(batch, vocab_size, self.path, offsets)

@@ -51,26 +51,27 @@ class ModelWithLoss(nn.Module):
         self.model = model
         self.loss = torch.compile(model.loss, fullgraph=fullgraph) if compile else model.loss
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.loss(idx, targets)
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor,
+                document_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.loss(idx, targets, document_ids=document_ids)
 
 
 def optimizer_step(fabric: Fabric, module: nn.Module, optimizers: dict, schedulers: dict,
                    batches, *, accumulate: int = 1, clip_gradients: Callable[[], torch.Tensor],
                    loop: Loop | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """One optimizer step of the loop, callable alone (``bench`` times it): ``accumulate``
-    micro-batches ``(x, y)`` from the iterator ``batches`` through ``module`` (a ``ModelWithLoss``
+    micro-batches ``(x, y)`` (or ``(x, y, document_ids)``) from the iterator ``batches`` through ``module`` (a ``ModelWithLoss``
     set up by ``fabric``), then ``clip_gradients()`` and a step of each optimizer and its
     scheduler (both dicts by name). Returns the step's mean loss and the gradient norm before
     clipping, both still on the device, and the learning rates the step used (``lr``,
     ``lr_<name>``). Fabric callbacks' ``on_train_batch_start`` get ``loop``."""
     step_loss = torch.zeros((), device=fabric.device)
     for micro in range(accumulate):
-        x, y = fabric.to_device(next(batches))  # (B, T) each
+        x, y, *documents = fabric.to_device(next(batches))  # (B, T) each; document ids if masked
         fabric.call("on_train_batch_start", loop=loop, micro=micro)
         # Gradients are averaged over the processes once per step, on the last micro-batch.
         with fabric.no_backward_sync(module, enabled=micro < accumulate - 1):
-            loss = module(x, y) / accumulate
+            loss = module(x, y, *documents) / accumulate
             fabric.backward(loss)
         step_loss += loss.detach()
     grad_norm = clip_gradients()
@@ -208,8 +209,8 @@ class Loop:
         for i, batch in enumerate(loader):
             if i == n:
                 break
-            x, y = fabric.to_device(batch)  # (B, T) each
-            total[0] += self.module(x, y).double() * y.numel()
+            x, y, *documents = fabric.to_device(batch)  # (B, T) each; document_ids with them
+            total[0] += self.module(x, y, *documents).double() * y.numel()
             total[1] += y.numel()
         self.module.train()
         total = fabric.all_reduce(total, reduce_op="sum")

@@ -36,7 +36,8 @@ from minigpt.checkpoint.restore import (
 from minigpt.checkpoint.write import CheckpointFiles
 from minigpt.config import TrainSchema, typed
 from minigpt.cpu import speed_up_training
-from minigpt.data import DataConfig, TokenDataModule, check_vocab_fits, open_tokens, prepare_dataset
+from minigpt.data import DataConfig, TokenDataModule, check_vocab_fits
+from minigpt.data.datamodule import prepare_tokens
 from minigpt.errors import ConfigError
 from minigpt.eval.training import training_items, training_tasks
 from minigpt.model import GPT
@@ -152,7 +153,7 @@ def prepare(train: TrainSchema, fabric: Fabric) -> Setup:
     calls this; preparation is locked and idempotent (one prepares, the rest reuse)."""
     data_cfg = train.data
     data_root = Path(train.data_root).expanduser().resolve()
-    meta = prepare_dataset(data_cfg, data_root, progress=fabric.is_global_zero)
+    meta = prepare_tokens(data_cfg, data_root, progress=fabric.is_global_zero)
     tokenizer = tokenizer_from_dict(meta["tokenizer"])
     vocab = padded_vocab_size(tokenizer.vocab_size, train.model.vocab_size)
     model = init_model(train.model, tokenizer, vocab)
@@ -164,6 +165,7 @@ def prepare(train: TrainSchema, fabric: Fabric) -> Setup:
                            data_root=str(data_root), rank=fabric.global_rank,
                            world_size=fabric.world_size)
     data.pin_memory = fabric.device.type == "cuda"
+    data.document_bos = tokenizer.eot_id if model.config.document_mask else None
     data.setup()
     return Setup(data_cfg, meta, tokenizer, model, data)
 
@@ -217,8 +219,7 @@ def build_loop(train: TrainSchema, fabric: Fabric, plan: RunPlan, setup: Setup,
         data=setup.data, checkpoints=CheckpointFiles(fabric, run_dir / "checkpoints"),
         sampler=Sampler(setup.tokenizer, run_dir / "samples.txt", train.sample, seed=train.seed),
         eval_items=eval_items,
-        bytes_per_token=bytes_per_token(setup.data.directory, setup.meta, setup.tokenizer,
-                                        setup.data_cfg.val_tokens),
+        bytes_per_token=bytes_per_token(setup.data, setup.tokenizer, setup.data_cfg.val_tokens),
     )
 
 
@@ -319,10 +320,11 @@ def _run_dir(run_dir) -> Path:
     return Path(HydraConfig.get().runtime.output_dir)
 
 
-def bytes_per_token(directory: Path, meta: dict, tokenizer, budget: int) -> float | None:
+def bytes_per_token(data: TokenDataModule, tokenizer, budget: int) -> float | None:
     """UTF-8 bytes per token over the first ``budget`` validation tokens (for bits per byte)."""
     try:
-        tokens = open_tokens(directory, "val", meta)[:budget]
+        val = data.split_tokens("val")  # prepared tokens or shards
+        tokens = val.open()[:min(budget, len(val))]
         n_bytes = len(tokenizer.decode(tokens.tolist()).encode("utf-8"))
         return n_bytes / max(1, len(tokens))
     except Exception as e:

@@ -1,0 +1,123 @@
+"""Document masking: a packed row of several documents, each attending only to itself.
+
+A training row of T tokens may hold several documents one after another. ``document_ids`` (B, T)
+int say which document each token belongs to: a document is a run of equal ids along the row
+(``document_ids_of`` makes them from the tokens: each BOS / end-of-text token begins a new one).
+Under the document mask a query sees the keys of its own document up to itself (and within the
+window, if any), and positions restart at 0 at each document's first token
+(``document_positions``), so every document is computed as if it ran alone.
+
+Kernels (``document_attention``): on CUDA, ``flex_attention`` with a block mask (fully masked
+tiles are skipped; no (T, T) mask is stored); elsewhere, SDPA with a boolean (B, 1, T, T)
+block-diagonal mask, the fastest correct CPU path measured (``python -m bench.document_mask``,
+``bench/README.md``). Decoding with a KV cache is one document and never comes here.
+
+Shape letters: B batch, nh query heads, nkv key/value heads, T tokens, hd head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from minigpt.window import finite_rows
+
+
+def document_ids_of(idx: Tensor, bos_id: int) -> Tensor:
+    """(B, T) int64 document ids of token ids ``idx`` (B, T): each ``bos_id`` token (GPT-2's
+    end-of-text, which llm.c's shards put at every document's start) begins a new document; the
+    tokens before a row's first one are the tail of an earlier document (id 0)."""
+    return (idx == bos_id).long().cumsum(dim=1)
+
+
+def document_starts(document_ids: Tensor) -> Tensor:
+    """(B, T) bool, True at each document's first token (a row's first token always)."""
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    return starts
+
+
+def document_positions(document_ids: Tensor) -> Tensor:
+    """(B, T) int64 positions that restart at 0 at each document's first token."""
+    T = document_ids.shape[1]
+    index = torch.arange(T, device=document_ids.device).expand_as(document_ids)  # (B, T)
+    start_index = torch.where(document_starts(document_ids), index, 0).cummax(dim=1).values
+    return index - start_index
+
+
+def segments(document_ids: Tensor) -> Tensor:
+    """(B, T) int32 run numbers: 0 for a row's first document, +1 at each change of id, so two
+    separate runs of one id are different documents (and no check needs a device sync)."""
+    return document_starts(document_ids).int().cumsum(dim=1, dtype=torch.int32) - 1
+
+
+def check_document_ids(document_ids, batch: int, tokens: int) -> None:
+    """Raise a named ``ValueError`` unless ``document_ids`` is an integer (batch, tokens) tensor."""
+    if not isinstance(document_ids, Tensor) or document_ids.shape != (batch, tokens) \
+            or document_ids.is_floating_point() or document_ids.dtype == torch.bool:
+        got = (f"{tuple(document_ids.shape)} {document_ids.dtype}"
+               if isinstance(document_ids, Tensor) else type(document_ids).__name__)
+        raise ValueError(f"document_ids must be an integer tensor of shape (batch, tokens)="
+                         f"({batch}, {tokens}), got {got}")
+
+
+def document_mask(document_ids: Tensor, window: int | None,
+                  padding: Tensor | None = None) -> Tensor:
+    """(B, 1, T, T) bool, True where a query may attend to a key: same document, causal, within
+    the last ``window`` tokens (None: any distance), not a padded key (``padding`` (B, T))."""
+    seg = segments(document_ids)
+    T = seg.shape[1]
+    pos = torch.arange(T, device=seg.device)
+    distance = pos[:, None] - pos[None, :]  # (T, T)
+    allowed = distance >= 0 if window is None else (distance >= 0) & (distance < window)
+    mask = (seg[:, :, None] == seg[:, None, :]) & allowed  # (B, T, T)
+    if padding is not None:
+        mask = mask & ~padding[:, None, :]
+    return mask[:, None]  # (B, 1, T, T)
+
+
+def document_attention(q: Tensor, k: Tensor, v: Tensor, document_ids: Tensor,
+                       window: int | None, padding: Tensor | None, dropout_p: float,
+                       sdpa) -> Tensor:
+    """Attention of q (B, nh, T, hd) over k, v (B, nkv, T, hd) of the same tokens under the
+    document mask (``document_mask``); returns (B, nh, T, hd). A query with no visible key (its
+    own token padded) returns zeros. ``sdpa`` is the caller's ``scaled_dot_product_attention``
+    (it handles nkv < nh); CUDA without dropout takes ``flex_document_attention``."""
+    if q.is_cuda and dropout_p == 0.0:
+        return flex_document_attention(q, k, v, document_ids, window, padding)
+    mask, empty_rows = finite_rows(document_mask(document_ids, window, padding))
+    y = sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    return y if empty_rows is None else y.masked_fill(empty_rows, 0.0)
+
+
+def flex_document_attention(q: Tensor, k: Tensor, v: Tensor, document_ids: Tensor,
+                            window: int | None, padding: Tensor | None,
+                            compiled: bool = True) -> Tensor:
+    """``document_attention`` through FlexAttention: a block mask from the same rule (tiles no
+    query may see are skipped, nothing (T, T) is stored), a compiled kernel (``compiled``;
+    False runs flex_attention's reference implementation, which the CPU tests use)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    seg = segments(document_ids)
+    keep = None if padding is None else ~padding
+
+    def visible(b, h, q_idx, kv_idx):
+        allowed = (seg[b, q_idx] == seg[b, kv_idx]) & (q_idx >= kv_idx)
+        if window is not None:
+            allowed = allowed & (q_idx - kv_idx < window)
+        return allowed if keep is None else allowed & keep[b, kv_idx]
+
+    B, nh, T, _ = q.shape
+    block_mask = create_block_mask(visible, B, None, T, T, device=q.device)
+    attend = _compiled_flex() if compiled else flex_attention
+    return attend(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != nh)
+
+
+@functools.cache
+def _compiled_flex():
+    """flex_attention compiled once per process (eager flex_attention is a reference loop)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
