@@ -31,7 +31,7 @@ MATMULS = ("forward", "input grad", "weight grad")  # a linear layer's three mat
 # Training GEMMs are timed at this many rows, and a wider layer (the LM head) on its first
 # MAX_TIMED_COLUMNS outputs: the kernel that wins a shape wins it at these sizes too, and the
 # measurement stays well under a second for the toy model.
-TIMED_ROWS = 256
+TIMED_ROWS = 512
 MAX_TIMED_COLUMNS = 2048
 
 # Fewer rows than this: a matrix-vector-like product (decoding), where oneDNN's per-call setup
@@ -137,7 +137,7 @@ def train_key(layer: nn.Linear, matmul: str) -> str:
     return f"train float32 {n}x{d_in}x{d_out} {matmul}"
 
 
-def measure_matmuls(shapes: dict[str, tuple[int, int, int, str]], repeats: int = 2) -> Timings:
+def measure_matmuls(shapes: dict[str, tuple[int, int, int, str]], repeats: int = 3) -> Timings:
     """Seconds per call of both kernels for each key's (rows, in, out, matmul); operands of one
     shape are made once (from a private generator: the global seed is left alone)."""
     timings, operands = {}, {}

@@ -18,14 +18,13 @@ since the copy does not follow later weight updates.
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minigpt.cpu.tuning import Timings
+from minigpt.cpu.tuning import Timings, clock
 
 DECODE_KERNELS = ("plain", "mkl", "onednn")
 
@@ -115,12 +114,13 @@ def measure_decoding(layers: list[nn.Linear], keys: list[str], sweeps: int = 3) 
               for kernel in DECODE_KERNELS}
     rows = {w.shape[1]: torch.ones(1, w.shape[1]) for _, w, _ in timed}
     best = {kernel: [float("inf")] * len(timed) for kernel in DECODE_KERNELS}
+    now = clock()
     for _ in range(sweeps + 1):  # the first pass warms up
         for kernel in DECODE_KERNELS:
             for i, ((_, weight, bias), w) in enumerate(zip(timed, packed[kernel], strict=True)):
-                start = time.perf_counter()
+                start = now()
                 matmul_packed(rows[weight.shape[1]], w, bias, kernel)
-                best[kernel][i] = min(best[kernel][i], time.perf_counter() - start)
+                best[kernel][i] = min(best[kernel][i], now() - start)
     sums: Timings = defaultdict(lambda: dict.fromkeys(DECODE_KERNELS, 0.0))
     for i, (key, _, _) in enumerate(timed):
         for kernel in DECODE_KERNELS:
