@@ -38,7 +38,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 from minigpt.cpu import onednn, speed_up_decoding  # noqa: E402
-from minigpt.cpu.packed import DECODE_KERNELS, matmul_packed, pack_weight  # noqa: E402
+from minigpt.cpu.packed import (  # noqa: E402
+    DECODE_KERNELS,
+    PackedLinear,
+    matmul_packed,
+    pack_weight,
+)
+from minigpt.cpu.tuning import clock  # noqa: E402
 from minigpt.model import GPT, GPTConfig  # noqa: E402
 from minigpt.sampling import generate  # noqa: E402
 from minigpt.static_decoding import StaticDecoder  # noqa: E402
@@ -61,9 +67,10 @@ def main() -> None:
     model = GPT(GPTConfig()).eval()  # GPT-2 small: 12 layers, 768 dims, vocab 50257
     prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_tokens),
                            generator=torch.Generator().manual_seed(0))
-    variants = build_variants(model, prompt, args)
+    variants, layouts = build_variants(model, prompt, args)
     times, cpu, outputs = run_interleaved(variants)
     report(times, cpu, outputs, args)
+    report_shapes(layouts)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,8 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def build_variants(model: GPT, prompt: torch.Tensor, args) -> dict:
-    """name -> (run(tokens) -> token ids or None, repeats)."""
+def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict]:
+    """name -> (run(tokens) -> token ids or None, repeats); and per float32 weight shape, the
+    bound's trial timings of each layout and the layout the tuned model uses."""
     n = args.new_tokens
 
     def copy(weights=None):
@@ -98,9 +106,14 @@ def build_variants(model: GPT, prompt: torch.Tensor, args) -> dict:
         return lambda tokens=n: generate(m, prompt, tokens, temperature=0, use_cache=use_cache,
                                          decoder=decoder)
 
-    variants = {BOUND: (weight_pass(model, torch.float32, n), args.repeats)}
+    bound, shape_seconds = weight_pass(model, torch.float32, n)
+    variants, layouts = {BOUND: (bound, args.repeats)}, {}
     if args.dtype != "bfloat16":
         tuned, plain = copy(torch.float32), copy()
+        for m in tuned.modules():
+            if isinstance(m, (torch.nn.Linear, PackedLinear)):
+                layouts[(m.in_features, m.out_features)] = getattr(m, "kernel", "plain")
+        layouts = {shape: (shape_seconds[shape], kernel) for shape, kernel in layouts.items()}
         variants[REF] = (ours(tuned), args.repeats)
         variants[PLAIN] = (ours(plain), args.repeats)
         variants["ours fp32, fixed-shape cache, eager"] = (
@@ -111,7 +124,7 @@ def build_variants(model: GPT, prompt: torch.Tensor, args) -> dict:
                 ours(compiled, decoder=StaticDecoder(compiled, 1, compile=True)), args.repeats)
         variants[NOCACHE] = (ours(tuned, use_cache=False), args.nocache_repeats)
     if args.dtype != "float32":
-        variants[BOUND_BF16] = (weight_pass(model, torch.bfloat16, n), args.repeats)
+        variants[BOUND_BF16] = (weight_pass(model, torch.bfloat16, n)[0], args.repeats)
         variants[BF16] = (ours(copy(torch.bfloat16)), args.repeats)
     if not args.no_transformers:
         hf = _transformers_model(model)
@@ -123,34 +136,45 @@ def build_variants(model: GPT, prompt: torch.Tensor, args) -> dict:
                                    use_cache=True, pad_token_id=0)
 
         variants[HF] = (hf_generate, args.repeats)
-    return variants
+    return variants, layouts
 
 
 @torch.no_grad()
 def weight_pass(model: GPT, dtype: torch.dtype, tokens: int):
     """A call ``run(passes=tokens)`` that multiplies one vector by every weight matrix a
     decoded token multiplies by, in the model's order, each with the kernel that read it
-    fastest in three trial passes (bfloat16: oneDNN's packed layout, the one kernel for it)."""
+    fastest in three trial passes (bfloat16: oneDNN's packed layout, the one kernel for it);
+    also the trial passes' seconds per product of each layout, per (in, out) shape (the mean
+    over the shape's matrices of each one's fastest pass)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     kernels = DECODE_KERNELS if dtype == torch.float32 else ("onednn",)
     layouts = {k: [pack_weight(m.weight, k, dtype) for m in linears] for k in kernels}
     vectors = {m.in_features: torch.ones(1, m.in_features, dtype=dtype) for m in linears}
-    best = [(float("inf"), "")] * len(linears)
-    for _ in range(3):
+    trials = {kernel: [float("inf")] * len(linears) for kernel in kernels}
+    now = clock()
+    for _ in range(4):  # the first pass warms up
         for kernel in kernels:
             for i, (m, w) in enumerate(zip(linears, layouts[kernel], strict=True)):
-                start = time.perf_counter()
+                start = now()
                 matmul_packed(vectors[m.in_features], w, None, kernel)
-                best[i] = min(best[i], (time.perf_counter() - start, kernel))
-    chosen = [(vectors[m.in_features], layouts[kernel][i], kernel)
-              for i, (m, (_, kernel)) in enumerate(zip(linears, best, strict=True))]
+                trials[kernel][i] = min(trials[kernel][i], now() - start)
+    chosen = []
+    shapes: dict[tuple[int, int], dict[str, list[float]]] = {}
+    for i, m in enumerate(linears):
+        kernel = min(kernels, key=lambda k: trials[k][i])
+        chosen.append((vectors[m.in_features], layouts[kernel][i], kernel))
+        for k in kernels:
+            shapes.setdefault((m.in_features, m.out_features), {}).setdefault(k, []).append(
+                trials[k][i])
+    shape_seconds = {shape: {k: statistics.mean(t) for k, t in by_kernel.items()}
+                     for shape, by_kernel in shapes.items()}
 
     def passes(passes=tokens):
         for _ in range(passes):
             for x, w, kernel in chosen:
                 matmul_packed(x, w, None, kernel)
 
-    return passes
+    return passes, shape_seconds
 
 
 def run_interleaved(variants: dict):
@@ -198,6 +222,21 @@ def report(times, cpu, outputs, args) -> None:
         if REF in r and BF16 in r:
             print(f"  ours bf16 weights / ours fp32 tuned: {r[BF16] / r[REF]:.2f}x (target >= "
                   f"1.6x on a CPU with native bf16; the bound's ratio {r[BOUND_BF16] / r[BOUND]:.2f}x)")
+
+
+def report_shapes(layouts: dict) -> None:
+    """Per float32 weight shape: ms per one-vector product of each layout (the bound's trial
+    passes) and the layout the tuned model applied, against nn.Linear's."""
+    if not layouts:
+        return
+    print(f"\nper shape (ms per product, each matrix from memory; "
+          f"{'CPU' if clock() is time.thread_time else 'wall'} time)")
+    print(f"{'in x out':<12} {'nn.Linear':>9} {'(in,out)':>9} {'oneDNN':>9} {'applied':>9} "
+          f"{'vs nn.Linear':>12}")
+    for (d_in, d_out), (seconds, kernel) in layouts.items():
+        ms = {k: seconds[k] * 1e3 for k in DECODE_KERNELS}
+        print(f"{f'{d_in}x{d_out}':<12} {ms['plain']:>9.3f} {ms['mkl']:>9.3f} {ms['onednn']:>9.3f} "
+              f"{kernel:>9} {ms['plain'] / ms[kernel]:>11.2f}x")
 
 
 def _transformers_model(model: GPT):
