@@ -100,3 +100,21 @@ def test_speed_up_decoding_leaves_a_non_cpu_model_alone():
 def test_speed_up_decoding_refuses_float16_weights():
     with pytest.raises(ValueError, match="weight_dtype=torch.float16"):
         speed_up_decoding(tiny_model(), torch.float16)
+
+
+def test_decoding_never_reads_cache_slots_it_has_not_written(monkeypatch):
+    """The eager cache is allocated without zeroing (no fill_ per generation): slots not yet
+    written hold whatever memory held; NaN there must not reach a single logit."""
+    model = tiny_model()
+    idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    expected = generate(model, idx, 30, temperature=0, use_cache=False)
+    new_kv_cache = model.new_kv_cache
+
+    def poisoned(*args, **kwargs):
+        cache = new_kv_cache(*args, **kwargs)
+        for buffer in cache.keys + cache.values:
+            buffer.fill_(float("nan"))
+        return cache
+
+    monkeypatch.setattr(model, "new_kv_cache", poisoned)
+    assert torch.equal(generate(model, idx, 30, temperature=0), expected)  # crops at 24 too
