@@ -10,9 +10,12 @@ float32 rounding, tied weights stay tied and the state-dict keys do not change::
     model = GPT.from_pretrained("gpt2")
     applied = minigpt.cpu.speed_up_decoding(model)      # inference only
 
-Each returns what it applied (an empty list off the CPU or where a kernel is missing). The
-training run and the generate/viz entry points call them once (config ``cpu_speedups``) and log
-that list.
+Each returns what it applied and why (an empty list off the CPU or where a kernel is missing).
+Where oneDNN or another weight layout is only faster on some CPUs, the choice is made per shape
+from this machine's timings (``minigpt.cpu.tuning``: measured on first use, then read from a
+small file), and the line says "measured x1.3", "cached x1.3" or "not faster here". The training
+run and the generate/viz entry points call them once (config ``cpu_speedups``) and log that
+list.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from minigpt.cpu.packed import PackedLinear, decode_key, measure_decoding
 from minigpt.cpu.tuning import KernelChoices, describe, pick
 
 __all__ = ["KernelChoices", "speed_up_decoding", "speed_up_training"]
+
 
 def speed_up_training(model: nn.Module, *, precision: str = "32-true", compiled: bool = False,
                       keep_freed_memory: bool = True,
