@@ -98,10 +98,10 @@ MAX_TIMED_OUTPUTS = 8192
 
 
 @torch.no_grad()
-def measure_decoding(layers: list[nn.Linear], keys: list[str], sweeps: int = 3) -> Timings:
+def measure_decoding(layers: list[nn.Linear], keys: list[str], sweeps: int = 5) -> Timings:
     """Seconds per one-row product of each kernel for the shapes ``keys`` (``decode_key``) of
-    ``layers``: ``sweeps`` passes in the model's order over a few layers of each shape per
-    kernel, the kernels in turn; per layer the fastest pass, averaged over the shape's layers.
+    ``layers``: ``sweeps`` passes in the model's order over a few layers of each shape, each
+    layer's kernels in turn; per layer the fastest pass, averaged over the shape's layers.
     Holds one copy of the timed weights per kernel meanwhile."""
     timed, counts = [], defaultdict(int)
     for layer in layers:
@@ -116,10 +116,13 @@ def measure_decoding(layers: list[nn.Linear], keys: list[str], sweeps: int = 3) 
     best = {kernel: [float("inf")] * len(timed) for kernel in DECODE_KERNELS}
     now = clock()
     for _ in range(sweeps + 1):  # the first pass warms up
-        for kernel in DECODE_KERNELS:
-            for i, ((_, weight, bias), w) in enumerate(zip(timed, packed[kernel], strict=True)):
+        for i, (_, weight, bias) in enumerate(timed):
+            # The layouts of one layer back to back: whatever else the machine runs at that
+            # moment slows all three alike; each copy is still read from memory (a whole pass
+            # over the other weights lies between two reads of it).
+            for kernel in DECODE_KERNELS:
                 start = now()
-                matmul_packed(rows[weight.shape[1]], w, bias, kernel)
+                matmul_packed(rows[weight.shape[1]], packed[kernel][i], bias, kernel)
                 best[kernel][i] = min(best[kernel][i], now() - start)
     sums: Timings = defaultdict(lambda: dict.fromkeys(DECODE_KERNELS, 0.0))
     for i, (key, _, _) in enumerate(timed):
