@@ -9,7 +9,10 @@ matmuls: forward ``x @ W.T``, input gradient ``dy @ W`` and weight gradient ``dy
 ``minigpt.cpu.linear.OneDNNLinear`` makes (the layer ``minigpt.cpu.speed_up_training`` swaps
 in). Medians of ``--repeats`` calls after warm-up, both kernels timed interleaved; also the max
 abs difference of each oneDNN result from float64 math next to MKL's, so a faster path that
-loses precision would show.
+loses precision would show. "applied" is what ``speed_up_training`` picks for that matmul of a
+layer of that shape on this machine (``minigpt.cpu.tuning``: its short start-up measurement, or
+the timings file it left): a row with "oneDNN" there and a ratio below 1 would be a speedup that
+slows this CPU down.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import statistics
 import sys
 
 import torch
+from torch import nn
 
 from bench.timing import add_timing_arguments, clock, configure_timing, print_header
-from minigpt.cpu.linear import weight_grad
+from minigpt.cpu.linear import matmul_kernels, measure_matmuls, timed_shape, train_key
 from minigpt.cpu.onednn import available as onednn_available
-from minigpt.cpu.onednn import matmul_nt
+from minigpt.cpu.tuning import KernelChoices, pick
 
 SHAPES = {  # rows (batch x tokens), in, out
     "toy qkv": (2048, 384, 1152),
@@ -53,14 +57,22 @@ def interleaved_seconds(kernels: dict, warmup: int, repeats: int) -> dict[str, f
 
 def matmuls(x, w, dy) -> dict:
     """A linear layer's three matmuls: name -> (MKL call, oneDNN call, float64 reference)."""
-    return {
-        "forward": (lambda: torch.mm(x, w.t()), lambda: matmul_nt(x, w),
-                    lambda: x.double() @ w.double().t()),
-        "input grad": (lambda: torch.mm(dy, w), lambda: matmul_nt(dy, w.t()),
-                       lambda: dy.double() @ w.double()),
-        "weight grad": (lambda: torch.mm(dy.t(), x), lambda: weight_grad(dy, x),
-                        lambda: dy.double().t() @ x.double()),
+    exact = {
+        "forward": lambda: x.double() @ w.double().t(),
+        "input grad": lambda: dy.double() @ w.double(),
+        "weight grad": lambda: dy.double().t() @ x.double(),
     }
+    return {name: (pair["mkl"], pair["onednn"], exact[name])
+            for name, pair in matmul_kernels(x, w, dy).items()}
+
+
+def applied_kernel(d_in: int, d_out: int, matmul: str) -> str:
+    """The kernel ``speed_up_training`` uses for ``matmul`` of an (in, out) layer here."""
+    layer = nn.Linear(d_in, d_out, bias=False, device="meta")
+    key = train_key(layer, matmul)
+    timings, cached = KernelChoices().timings(
+        [key], lambda keys: measure_matmuls({key: timed_shape(layer, matmul)}))
+    return "oneDNN" if pick(timings[key], "mkl").kernel == "onednn" else "MKL"
 
 
 def main() -> None:
@@ -76,7 +88,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.clock} clock, float32, "
           f"median of {args.repeats}\n")
     header = (f"{'shape':<15} {'rows x in x out':>18} {'matmul':<12} {'MKL GFLOP/s':>11} "
-              f"{'oneDNN':>7} {'ratio':>6} {'MKL err':>8} {'oneDNN err':>10}")
+              f"{'oneDNN':>7} {'ratio':>6} {'applied':>7} {'MKL err':>8} {'oneDNN err':>10}")
     print_header(header)
     generator = torch.Generator().manual_seed(0)
     for name, (n, d_in, d_out) in SHAPES.items():
@@ -93,7 +105,7 @@ def main() -> None:
             rate = {k: flops / t / 1e9 for k, t in seconds.items()}
             print(f"{name:<15} {f'{n}x{d_in}x{d_out}':>18} {matmul:<12} {rate['mkl']:>11.0f} "
                   f"{rate['onednn']:>7.0f} {rate['onednn'] / rate['mkl']:>5.2f}x "
-                  f"{errors[0]:>8.1e} {errors[1]:>10.1e}")
+                  f"{applied_kernel(d_in, d_out, matmul):>7} {errors[0]:>8.1e} {errors[1]:>10.1e}")
     print("\nerr = max abs difference from the float64 product (operands ~N(0, 1))")
 
 

@@ -9,9 +9,10 @@ its schedule, zero_grad with set_to_none), dropout 0, train mode, the same confi
 for every variant:
 
 * ``ours fp32`` / ``HF fp32``: float32 throughout; our model as a CPU run of train.py trains it,
-  with ``minigpt.cpu.speed_up_training`` applied (linear layers and the chunked LM-head loss
-  multiply on oneDNN; glibc's process-wide setting left off, see ``build``), Hugging Face's on
-  PyTorch's default GEMM (MKL);
+  with ``minigpt.cpu.speed_up_training`` applied (each matmul of the linear layers and the
+  chunked LM-head loss on oneDNN where this machine's timings found it faster, see
+  ``minigpt.cpu.tuning``; glibc's process-wide setting left off, see ``build``), Hugging Face's
+  on PyTorch's default GEMM (MKL);
 * ``ours fp32 MKL``: our plain model (no ``minigpt.cpu``: ``nn.Linear`` on PyTorch's default GEMM,
   ``F.cross_entropy`` over the full logits), to show what the CPU speedups give and what the rest
   of the implementation gives;
@@ -103,11 +104,13 @@ def build(size: str, variants: list[str]) -> tuple[list[Variant], GPT]:
             reference = model
             bf16 = name.endswith("bf16")
             if name != OURS_MKL:
-                # oneDNN linear layers and the chunked loss, swapped in place (same Parameters).
+                # oneDNN matmuls where faster here and the chunked loss, in place (same Parameters).
+                # The line says what was applied: the timings may come from an earlier run.
                 # glibc's keep-freed-memory setting stays off: it is process-wide, so Hugging
                 # Face's and the plain model's steps would get it too.
-                speed_up_training(model, precision="bf16-mixed" if bf16 else "32-true",
-                                  keep_freed_memory=False)
+                applied = speed_up_training(model, precision="bf16-mixed" if bf16 else "32-true",
+                                            keep_freed_memory=False)
+                print(f"{size} {name}: {'; '.join(applied)}")
             built.append(Variant(name, model, autocast=bf16))
         else:
             hf_config = transformers.GPT2Config(

@@ -50,8 +50,11 @@ class KVCache:
             raise ValueError(f"a cache for window={window} holds at most {window} tokens, got "
                              f"capacity={capacity}; give capacity={window}")
         shape = (batch_size, num_heads, capacity, head_dim)
-        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        # A sliced step reads written slots only: no need to zero megabytes per generation. The
+        # fixed-shape step multiplies every slot (by weight 0 where masked): zeros, not NaNs.
+        new = torch.empty if sliced else torch.zeros
+        self.keys = [new(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.values = [new(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.window, self.sliced = window, sliced
         self.ring = window is not None and capacity == window
         long = {"dtype": torch.long, "device": device}

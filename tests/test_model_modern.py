@@ -308,7 +308,7 @@ def test_cpu_speedups_keep_the_reference_loss_for_soft_capped_logits():
     idx = torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(7))
     expected = F.cross_entropy(ref_logits(model, idx).flatten(0, 1), idx.flatten())
     applied = speed_up_training(model, keep_freed_memory=False)
-    assert "chunked LM-head loss" in applied  # soft-capped inside the chunks
+    assert any(line.startswith("chunked LM-head loss") for line in applied)  # soft-capped
     torch.testing.assert_close(model.loss(idx, idx), expected, rtol=1e-5, atol=1e-5)
 
 

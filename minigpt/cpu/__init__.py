@@ -10,14 +10,15 @@ float32 rounding, tied weights stay tied and the state-dict keys do not change::
     model = GPT.from_pretrained("gpt2")
     applied = minigpt.cpu.speed_up_decoding(model)      # inference only
 
-Each returns what it applied (an empty list off the CPU or where a kernel is missing). The
-training run and the generate/viz entry points call them once (config ``cpu_speedups``) and log
-that list.
+Each returns what it applied and why (an empty list off the CPU or where a kernel is missing).
+Where oneDNN or another weight layout is only faster on some CPUs, the choice is made per shape
+from this machine's timings (``minigpt.cpu.tuning``: measured on first use, then read from a
+small file), and the line says "measured x1.3", "cached x1.3" or "not faster here". The training
+run and the generate/viz entry points call them once (config ``cpu_speedups``) and log that
+list.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -30,22 +31,25 @@ from minigpt.cpu.blocks import (
     unfused_options,
 )
 from minigpt.cpu.host_memory import keep_freed_memory as _keep_freed_memory
-from minigpt.cpu.linear import OneDNNLinear
+from minigpt.cpu.linear import MATMULS, OneDNNLinear, measure_matmuls, timed_shape, train_key
 from minigpt.cpu.loss import ChunkedNextTokenLoss
-from minigpt.cpu.packed import PackedLinear
+from minigpt.cpu.packed import PackedLinear, decode_key, measure_decoding
+from minigpt.cpu.tuning import KernelChoices, describe, pick
 
-__all__ = ["speed_up_decoding", "speed_up_training"]
+__all__ = ["KernelChoices", "speed_up_decoding", "speed_up_training"]
 
 
 def speed_up_training(model: nn.Module, *, precision: str = "32-true", compiled: bool = False,
-                      keep_freed_memory: bool = True) -> list[str]:
-    """Make a CPU model train faster, in place; return what was applied.
+                      keep_freed_memory: bool = True,
+                      kernels: KernelChoices | None = None) -> list[str]:
+    """Make a CPU model train faster, in place; return what was applied, and why.
 
     * blocks with options that have no fused CPU kernel (RMSNorm, QK-norm, rotary embeddings,
       ReLU²; ``minigpt.cpu.blocks``) compile their training forward, unless ``compiled`` (the
       whole model is), the model has a sliding window or no C++ compiler is found;
-    * float32 linear layers of the other blocks and the head multiply on oneDNN
-      (``minigpt.cpu.linear``), unless ``compiled`` (the compiler picks its own kernels);
+    * in float32 (``precision`` 32-true), each matmul of the other blocks' and the head's linear
+      layers multiplies on oneDNN (``minigpt.cpu.linear``) where ``kernels`` (this machine's
+      timings, ``minigpt.cpu.tuning``; measured on first use) found oneDNN faster for its shape;
     * the LM-head loss runs in chunks without materializing the logits (``minigpt.cpu.loss``,
       soft-capped as the model's), unless ``compiled`` or ``precision`` is float16;
     * glibc keeps freed large blocks for reuse (``minigpt.cpu.host_memory``; process-wide).
@@ -58,31 +62,91 @@ def speed_up_training(model: nn.Module, *, precision: str = "32-true", compiled:
     if compiled:
         return applied
     compiled_blocks = _compile_blocks(model, applied)
-    if onednn.available():
-        n = _swap_linears(model, OneDNNLinear.like, skip=OneDNNLinear, keep=compiled_blocks)
-        if n:
-            applied.append(f"oneDNN float32 linear layers ({n})")
+    float32 = str(precision).startswith("32") and onednn.available()
+    head_onednn, head_why = False, ""
+    if float32:
+        head_onednn, head_why = _onednn_training(model, compiled_blocks,
+                                                 kernels or KernelChoices(), applied)
     loss = getattr(model, "next_token_loss", None)
     if isinstance(loss, nn.Module) and not isinstance(loss, ChunkedNextTokenLoss) \
             and not str(precision).startswith("16"):
-        model.next_token_loss = ChunkedNextTokenLoss(getattr(loss, "logit_softcap", None))
-        applied.append("chunked LM-head loss")
+        model.next_token_loss = ChunkedNextTokenLoss(getattr(loss, "logit_softcap", None),
+                                                     onednn=head_onednn)
+        gemm = f" (oneDNN GEMMs: {head_why})" if head_onednn else \
+            f" (PyTorch's GEMMs: oneDNN {head_why})" if float32 else ""
+        applied.append(f"chunked LM-head loss{gemm}")
     return applied
 
 
+def _onednn_training(model: nn.Module, compiled_blocks: list[nn.Module], kernels: KernelChoices,
+                     applied: list[str]) -> tuple[bool, str]:
+    """Swap in ``OneDNNLinear`` with the matmuls ``kernels`` picks for each layer's shape (noted
+    in ``applied``); return whether the LM-head loss multiplies on oneDNN, and why."""
+    layers = _linears(model, keep=compiled_blocks)
+    head = getattr(model, "lm_head", None)
+    if not layers:  # all swapped by an earlier call
+        return isinstance(head, OneDNNLinear), "as before"
+    timed = [*layers, *([head] if isinstance(head, nn.Linear) and head not in layers else [])]
+    shapes = {train_key(layer, op): timed_shape(layer, op) for layer in timed for op in MATMULS}
+    timings, cached = kernels.timings(shapes, lambda keys: measure_matmuls(
+        {k: shapes[k] for k in keys}))
+    choices = {key: pick(timings[key], "mkl", key in cached) for key in shapes}
+    swapped = 0
+    for parent, name, layer in _linear_slots(model, layers):
+        ops = [op for op in MATMULS if choices[train_key(layer, op)].kernel == "onednn"]
+        if ops:
+            setattr(parent, name, OneDNNLinear.like(layer, ops))
+            swapped += 1
+    why = ", ".join(f"{op} {describe({k: c for k, c in choices.items() if k.endswith(op)}, 'mkl')}"
+                    for op in MATMULS)
+    applied.append(f"oneDNN float32 matmuls in {swapped} of {len(layers)} linear layers ({why})")
+    if not isinstance(head, nn.Linear):
+        return False, "not measured"
+    total = {kernel: sum(timings[train_key(head, op)][kernel] for op in MATMULS)
+             for kernel in ("mkl", "onednn")}
+    choice = pick(total, "mkl", all(train_key(head, op) in cached for op in MATMULS))
+    return choice.kernel == "onednn", describe({"head": choice}, "mkl")
+
+
 @torch.no_grad()
-def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float32) -> list[str]:
-    """Pack a CPU model's linear weights for one-token-at-a-time decoding (optionally as
-    bfloat16 weights, float32 activations), in place, and put it in eval mode; return what was
-    applied. Inference only: the packed copies do not follow later weight updates."""
+def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float32,
+                      kernels: KernelChoices | None = None) -> list[str]:
+    """Lay a CPU model's linear weights out for one-token-at-a-time decoding, in place, and put
+    it in eval mode; return what was applied, and why. bfloat16 ``weight_dtype``: every layer
+    multiplies oneDNN-packed bfloat16 weights (float32 activations). float32: each layer's
+    shape takes the layout ``kernels`` (this machine's timings, ``minigpt.cpu.tuning``;
+    measured on first use) found fastest (``minigpt.cpu.packed``), or stays ``nn.Linear``.
+    Inference only: the copies do not follow later weight updates."""
     if weight_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"weight_dtype={weight_dtype} must be torch.float32 or torch.bfloat16")
     if _device_type(model) != "cpu" or not onednn.available():
         return []
-    n = _swap_linears(model, lambda layer: PackedLinear.like(layer, weight_dtype), skip=PackedLinear)
     model.eval()
-    dtype = str(weight_dtype).removeprefix("torch.")
-    return [f"oneDNN-packed {dtype} linear weights ({n})"] if n else []
+    layers = _linears(model)
+    if not layers:
+        return []
+    if weight_dtype == torch.bfloat16:
+        for parent, name, layer in _linear_slots(model, layers):
+            setattr(parent, name, PackedLinear.like(layer, weight_dtype))
+        return [f"oneDNN-packed bfloat16 linear weights ({len(layers)})"]
+    keys = [decode_key(layer) for layer in layers]
+    timings, cached = (kernels or KernelChoices()).timings(
+        keys, lambda missing: measure_decoding(layers, missing))
+    choices = {key: pick(timings[key], "plain", key in cached) for key in keys}
+    for parent, name, layer in _linear_slots(model, layers):
+        kernel = choices[decode_key(layer)].kernel
+        if kernel != "plain":
+            setattr(parent, name, PackedLinear.like(layer, weight_dtype, kernel))
+    applied = []
+    for kernel, label in (("onednn", "oneDNN-packed"), ("mkl", "(in, out) MKL")):
+        mine = {k: c for k, c in choices.items() if c.kernel == kernel}
+        if mine:
+            count = sum(choices[key].kernel == kernel for key in keys)
+            applied.append(f"{label} float32 weights ({count}: {describe(mine, 'plain')})")
+    plain = sum(choices[key].kernel == "plain" for key in keys)
+    if plain:
+        applied.append(f"nn.Linear kept ({plain}: packing not faster here)")
+    return applied
 
 
 def _device_type(model: nn.Module) -> str:
@@ -111,17 +175,20 @@ def _compile_blocks(model: nn.Module, applied: list[str]) -> list[nn.Module]:
     return list(blocks)
 
 
-def _swap_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module], skip: type,
-                  keep: list[nn.Module] = ()) -> int:
-    """Replace every ``nn.Linear`` below ``model``, except below ``keep``, by ``make(layer)``;
-    return how many."""
+def _linears(model: nn.Module, keep: list[nn.Module] = ()) -> list[nn.Linear]:
+    """Every plain ``nn.Linear`` below ``model`` (not already swapped), except below ``keep``;
+    each once (a shared layer is one layer)."""
+    return list(dict.fromkeys(layer for _, _, layer in _linear_slots(model, keep=keep)))
+
+
+def _linear_slots(model: nn.Module, layers=None, keep: list[nn.Module] = ()):
+    """(parent, attribute name, layer) of every plain ``nn.Linear`` below ``model`` (only those
+    in ``layers`` when given), except below ``keep``."""
     kept = {id(m) for module in keep for m in module.modules()}
-    count = 0
+    wanted = None if layers is None else {id(layer) for layer in layers}
     for parent in list(model.modules()):
         if id(parent) in kept:
             continue
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and not isinstance(child, skip):
-                setattr(parent, name, make(child))
-                count += 1
-    return count
+            if type(child) is nn.Linear and (wanted is None or id(child) in wanted):
+                yield parent, name, child

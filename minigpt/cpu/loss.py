@@ -30,9 +30,11 @@ _CHUNK_ELEMENTS = 2**25
 
 
 def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = -100,
-                         chunk_rows: int | None = None, softcap: float | None = None) -> Tensor:
+                         chunk_rows: int | None = None, softcap: float | None = None,
+                         onednn: bool = True) -> Tensor:
     """Mean cross-entropy of logits ``h @ weight.T`` (soft-capped to ``softcap * tanh(z /
-    softcap)`` in float32 when given) against ``targets``.
+    softcap)`` in float32 when given) against ``targets``; float32 matmuls on oneDNN when
+    ``onednn`` (else PyTorch's default GEMM).
 
     ``h`` (N, C), ``weight`` (V, C), ``targets`` (N,) int; targets equal to ``ignore_index`` do not
     count. Returns a float32 scalar (NaN if every target is ignored, as ``F.cross_entropy``).
@@ -44,8 +46,9 @@ def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, ignore_inde
         raise ValueError(f"targets must have shape ({h.shape[0]},), got {tuple(targets.shape)}")
     chunk = chunk_rows or max(1, _CHUNK_ELEMENTS // weight.shape[0])
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(h, weight, targets, ignore_index, chunk, softcap)
-    loss, _, _ = _forward(h, weight, targets, ignore_index, chunk, softcap, need_grads=False)
+        return _LinearCrossEntropy.apply(h, weight, targets, ignore_index, chunk, softcap, onednn)
+    loss, _, _ = _forward(h, weight, targets, ignore_index, chunk, softcap, onednn,
+                          need_grads=False)
     return loss
 
 
@@ -56,7 +59,7 @@ def _compute_dtype(h: Tensor) -> torch.dtype:
 
 
 def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chunk: int,
-             softcap: float | None,
+             softcap: float | None, allow_onednn: bool,
              need_grads: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
     dtype = _compute_dtype(h)
     hc, wc = h.detach().to(dtype), weight.detach().to(dtype)
@@ -71,7 +74,7 @@ def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chun
     chunk = -(-N // -(-N // chunk))  # equal chunks (no small last one) of at most `chunk` rows
     rows = min(chunk, N)
     # Float32 on the CPU: oneDNN's GEMMs (minigpt.cpu.linear); they allocate their results.
-    onednn = uses_onednn(hc, wc)
+    onednn = allow_onednn and uses_onednn(hc, wc)
     # Buffers reused by every chunk: fresh large tensors cost page faults on each allocation.
     logits = None if onednn else torch.empty(rows, V, dtype=dtype, device=h.device)
     logits32 = logits if dtype == torch.float32 else torch.empty(rows, V, device=h.device)
@@ -141,8 +144,8 @@ def _chunk_grads(g: Tensor, h_rows: Tensor, wc: Tensor, row_scale: Tensor, grad_
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, targets, ignore_index, chunk, softcap):
-        loss, grad_h, grad_w = _forward(h, weight, targets, ignore_index, chunk, softcap,
+    def forward(ctx, h, weight, targets, ignore_index, chunk, softcap, onednn):
+        loss, grad_h, grad_w = _forward(h, weight, targets, ignore_index, chunk, softcap, onednn,
                                         need_grads=True)
         ctx.save_for_backward(grad_h, grad_w)
         ctx.dtypes = (h.dtype, weight.dtype)
@@ -156,17 +159,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # The saved gradients are ours alone (computed in forward): scale them in place.
         grad_h = grad_h.mul_(grad_loss).to(h_dtype) if ctx.needs_input_grad[0] else None
         grad_w = grad_w.mul_(grad_loss).to(w_dtype) if ctx.needs_input_grad[1] else None
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None
 
 
 class ChunkedNextTokenLoss(nn.Module):
     """``minigpt.model.NextTokenLoss`` through ``linear_cross_entropy``: the same value and
     gradients, without the (B, T, V) logits. A bias on the head (GPT-2 has none) or fp16 autocast
-    (whose loss scale arrives too late for these fp16 gradient terms) take the plain path."""
+    (whose loss scale arrives too late for these fp16 gradient terms) take the plain path.
+    ``onednn``: its float32 matmuls on oneDNN (where ``minigpt.cpu.tuning`` found it faster)."""
 
-    def __init__(self, logit_softcap: float | None = None):
+    def __init__(self, logit_softcap: float | None = None, onednn: bool = True):
         super().__init__()
-        self.logit_softcap = logit_softcap
+        self.logit_softcap, self.onednn = logit_softcap, onednn
 
     def forward(self, hidden: Tensor, head: nn.Linear, targets: Tensor,
                 ignore_index: int = -100) -> Tensor:
@@ -175,5 +179,6 @@ class ChunkedNextTokenLoss(nn.Module):
         if head.bias is not None or fp16:
             return NextTokenLoss(self.logit_softcap)(hidden, head, targets, ignore_index)
         return linear_cross_entropy(hidden.flatten(0, 1), head.weight, targets.flatten(),
-                                    ignore_index=ignore_index, softcap=self.logit_softcap)
+                                    ignore_index=ignore_index, softcap=self.logit_softcap,
+                                    onednn=self.onednn)
 

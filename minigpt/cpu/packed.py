@@ -1,57 +1,131 @@
-"""Fast CPU decoding: linear layers with oneDNN-prepacked weights (optionally bfloat16).
+"""Fast CPU decoding: linear layers whose weights are laid out for one row at a time.
 
 Decoding one token at a time multiplies a vector by every weight matrix, so its speed is the
-speed of reading the weights from memory. On x86 CPUs oneDNN reads its own blocked weight layout
-faster than the (out, in) layout of ``nn.Linear`` (``bench/generate.py`` measures it), and
-bfloat16 weights halve the bytes read. ``PackedLinear.like(layer)`` keeps ``layer``'s
-``Parameter`` objects (so the state dict and tied weights are unchanged) and multiplies with a
-packed copy made once: for inference only, since the copy does not follow later weight updates.
-Everything else (embeddings, LayerNorm, attention, the KV cache) stays in the model's dtype, so
-bfloat16 here means bfloat16 *weights* with float32 activations.
+speed of reading the weights from memory, and that depends on the layout each kernel reads:
+
+* ``plain``:  ``F.linear`` on ``nn.Linear``'s (out, in) weight (the layer is left as it is);
+* ``mkl``:    PyTorch's default GEMM on an (in, out) copy of the weight;
+* ``onednn``: oneDNN's linear on its own blocked copy of the weight (the only one for bfloat16
+  weights, which halve the bytes read; activations stay float32).
+
+Which float32 layout reads fastest differs by CPU and shape (``bench/generate.py``), so
+``measure_decoding`` times all three on the model's own layers, in the model's order, so that
+each weight comes from memory as it does while decoding (``minigpt.cpu.tuning`` keeps the
+result). ``PackedLinear.like(layer, kernel)`` keeps ``layer``'s ``Parameter`` objects (the state
+dict and tied weights are unchanged) and multiplies with a copy made once: for inference only,
+since the copy does not follow later weight updates.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+
+from minigpt.cpu.tuning import Timings, clock
+
+DECODE_KERNELS = ("plain", "mkl", "onednn")
+
+
+def decode_key(layer: nn.Linear) -> str:
+    """The timings-file key of a float32 decoding layer's shape."""
+    return f"decode float32 {layer.in_features}x{layer.out_features}"
+
+
+def pack_weight(weight: Tensor, kernel: str, dtype: torch.dtype = torch.float32) -> Tensor:
+    """``weight`` (out, in) in ``dtype`` and the layout ``kernel`` reads (see the module
+    docstring); ``plain`` returns it unchanged."""
+    w = weight.detach().to(dtype)
+    if kernel == "plain":
+        return w
+    if kernel == "mkl":
+        return w.t().contiguous()  # (in, out)
+    return torch.ops.mkldnn._reorder_linear_weight(w, 1)  # blocked for one row; any count works
+
+
+def matmul_packed(x: Tensor, packed: Tensor, bias: Tensor | None, kernel: str) -> Tensor:
+    """``x @ W.T + bias`` for rows ``x`` (N, in) and ``packed = pack_weight(W, kernel)``; the
+    result in ``packed``'s dtype."""
+    if kernel == "plain":
+        return F.linear(x, packed, bias)
+    if kernel == "mkl":
+        return x @ packed if bias is None else torch.addmm(bias, x, packed)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 class PackedLinear(nn.Module):
-    """``nn.Linear`` for inference, multiplying with a oneDNN-packed copy of its weight in
-    ``weight_dtype``; inputs are cast to ``weight_dtype`` and outputs back to the input's dtype."""
+    """``nn.Linear`` for inference, multiplying with a copy of its weight laid out for
+    ``kernel`` in ``weight_dtype``; inputs are cast to ``weight_dtype`` and outputs back to the
+    input's dtype."""
 
     def __init__(self, in_features: int, out_features: int, weight: nn.Parameter,
-                 bias: nn.Parameter | None, weight_dtype: torch.dtype = torch.float32):
+                 bias: nn.Parameter | None, weight_dtype: torch.dtype = torch.float32,
+                 kernel: str = "onednn"):
         super().__init__()
+        if kernel not in DECODE_KERNELS or (weight_dtype != torch.float32 and kernel != "onednn"):
+            raise ValueError(f"kernel={kernel!r} must be one of {DECODE_KERNELS} (oneDNN only "
+                             f"for {weight_dtype} weights)")
         self.in_features, self.out_features = in_features, out_features
         self.weight, self.bias = weight, bias  # the original Parameters: the state dict's keys
-        self.weight_dtype = weight_dtype
+        self.weight_dtype, self.kernel = weight_dtype, kernel
         with torch.no_grad():
-            packed = weight.detach().to(weight_dtype)
+            self._packed = pack_weight(weight, kernel, weight_dtype)
             self._bias = None if bias is None else bias.detach().to(weight_dtype)
-            # A float32 LM head (out >> in) streams faster through MKL's GEMM from an (in, out)
-            # copy than through oneDNN's packing (bench/generate.py).
-            self.use_mkl = weight_dtype == torch.float32 and out_features >= 8 * in_features
-            if self.use_mkl:
-                self._packed = packed.t().contiguous()  # (in, out)
-            else:  # oneDNN's blocked layout for one row at a time (decoding); any number works
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(packed, 1)
 
     @classmethod
-    def like(cls, layer: nn.Linear, weight_dtype: torch.dtype = torch.float32) -> PackedLinear:
-        return cls(layer.in_features, layer.out_features, layer.weight, layer.bias, weight_dtype)
+    def like(cls, layer: nn.Linear, weight_dtype: torch.dtype = torch.float32,
+             kernel: str = "onednn") -> PackedLinear:
+        return cls(layer.in_features, layer.out_features, layer.weight, layer.bias, weight_dtype,
+                   kernel)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.use_mkl:
-            rows = x.reshape(-1, self.in_features)  # (N, in)
-            y = rows @ self._packed if self._bias is None else \
-                torch.addmm(self._bias, rows, self._packed)  # (N, out)
-            return y.view(*x.shape[:-1], self.out_features)
-        y = torch.ops.mkldnn._linear_pointwise(
-            x.to(self.weight_dtype), self._packed, self._bias, "none", [], ""
-        )
-        return y.to(x.dtype)
+        rows = x.reshape(-1, self.in_features).to(self.weight_dtype)  # (N, in)
+        y = matmul_packed(rows, self._packed, self._bias, self.kernel)  # (N, out)
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"weight_dtype={self.weight_dtype}")
+                f"weight_dtype={self.weight_dtype}, kernel={self.kernel}")
+
+
+# Enough of each shape to time (more only cost start-up time): the first few layers of a shape,
+# and the first rows of a very wide weight (the LM head). A pass over them still reads far more
+# than a CPU's last-level cache holds, so each weight comes from memory as when decoding.
+TIMED_LAYERS_PER_SHAPE = 4
+MAX_TIMED_OUTPUTS = 8192
+
+
+@torch.no_grad()
+def measure_decoding(layers: list[nn.Linear], keys: list[str], sweeps: int = 5) -> Timings:
+    """Seconds per one-row product of each kernel for the shapes ``keys`` (``decode_key``) of
+    ``layers``: ``sweeps`` passes in the model's order over a few layers of each shape, each
+    layer's kernels in turn; per layer the fastest pass, averaged over the shape's layers.
+    Holds one copy of the timed weights per kernel meanwhile."""
+    timed, counts = [], defaultdict(int)
+    for layer in layers:
+        key = decode_key(layer)
+        if key in keys and counts[key] < TIMED_LAYERS_PER_SHAPE:
+            counts[key] += 1
+            bias = None if layer.bias is None else layer.bias.detach()[:MAX_TIMED_OUTPUTS]
+            timed.append((key, layer.weight.detach()[:MAX_TIMED_OUTPUTS], bias))
+    packed = {kernel: [pack_weight(weight, kernel) for _, weight, _ in timed]
+              for kernel in DECODE_KERNELS}
+    rows = {w.shape[1]: torch.ones(1, w.shape[1]) for _, w, _ in timed}
+    best = {kernel: [float("inf")] * len(timed) for kernel in DECODE_KERNELS}
+    now = clock()
+    for _ in range(sweeps + 1):  # the first pass warms up
+        for i, (_, weight, bias) in enumerate(timed):
+            # The layouts of one layer back to back: whatever else the machine runs at that
+            # moment slows all three alike; each copy is still read from memory (a whole pass
+            # over the other weights lies between two reads of it).
+            for kernel in DECODE_KERNELS:
+                start = now()
+                matmul_packed(rows[weight.shape[1]], packed[kernel][i], bias, kernel)
+                best[kernel][i] = min(best[kernel][i], now() - start)
+    sums: Timings = defaultdict(lambda: dict.fromkeys(DECODE_KERNELS, 0.0))
+    for i, (key, _, _) in enumerate(timed):
+        for kernel in DECODE_KERNELS:
+            sums[key][kernel] += best[kernel][i] / counts[key]
+    return dict(sums)

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from minigpt.cpu import onednn, speed_up_decoding
-from minigpt.cpu.packed import PackedLinear
+from minigpt.cpu.packed import DECODE_KERNELS, PackedLinear
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate
 
@@ -21,14 +21,13 @@ def tiny_model(seed=0):
                          init_std=1.0)).eval()
 
 
-@pytest.mark.parametrize("wide", [False, True])  # True: the MKL path of wide (LM head) layers
+@pytest.mark.parametrize("kernel", DECODE_KERNELS)
 @pytest.mark.parametrize("shape", [(5, 48), (1, 1, 48), (2, 7, 48)])
-def test_packed_linear_matches_linear(shape, wide):
-    linear = nn.Linear(48, 400 if wide else 80)
+def test_packed_linear_matches_linear(shape, kernel):
+    linear = nn.Linear(48, 80)
     x = torch.randn(shape)
     with torch.inference_mode():
-        packed = PackedLinear.like(linear)
-        assert packed.use_mkl == wide
+        packed = PackedLinear.like(linear, kernel=kernel)
         assert packed.weight is linear.weight and packed.bias is linear.bias
         torch.testing.assert_close(packed(x), linear(x))
         bf16 = PackedLinear.like(linear, torch.bfloat16)(x)
@@ -36,23 +35,55 @@ def test_packed_linear_matches_linear(shape, wide):
         torch.testing.assert_close(bf16, linear(x), rtol=2e-2, atol=2e-2)
 
 
-def test_speed_up_decoding_replaces_every_linear_and_keeps_the_function():
+def test_bfloat16_weights_have_one_layout():
+    with pytest.raises(ValueError, match="kernel='mkl'"):
+        PackedLinear.like(nn.Linear(4, 4), torch.bfloat16, kernel="mkl")
+
+
+@pytest.mark.parametrize("fastest, kind", [("mkl", PackedLinear), ("onednn", PackedLinear),
+                                           ("plain", nn.Linear)])
+def test_speed_up_decoding_takes_the_fastest_layout_and_keeps_the_function(fastest, kind,
+                                                                           fake_timings):
+    fake_timings(decode={"plain": 1.0, "mkl": 1.0, "onednn": 1.0, fastest: 0.5})
     model = tiny_model()
     keys = list(model.state_dict())
     idx = torch.randint(0, 64, (2, 10))
     with torch.inference_mode():
         expected = model(idx)
         applied = speed_up_decoding(model)
-        assert applied == ["oneDNN-packed float32 linear weights (9)"]
-        assert not any(isinstance(m, nn.Linear) for m in model.modules())
-        assert isinstance(model.lm_head, PackedLinear)
+        label = {"mkl": "(in, out) MKL float32 weights (9: measured x2.00)",
+                 "onednn": "oneDNN-packed float32 weights (9: measured x2.00)",
+                 "plain": "nn.Linear kept (9: packing not faster here)"}[fastest]
+        assert applied == [label]
+        layers = [m for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear))]
+        assert len(layers) == 9 and all(type(m) is kind for m in layers)
+        assert all(m.kernel == fastest for m in layers if kind is PackedLinear)
         assert model.lm_head.weight is model.tok_emb.weight  # still tied
         assert list(model.state_dict()) == keys
         torch.testing.assert_close(model(idx), expected)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_cached_decoding_equals_uncached(dtype):
+def test_decoding_layouts_are_measured_once_per_machine(fake_timings):
+    calls = fake_timings(decode={"plain": 1.0, "mkl": 0.97, "onednn": 2.0})  # 1.03x: within MARGIN
+    assert speed_up_decoding(tiny_model()) == ["nn.Linear kept (9: packing not faster here)"]
+    assert speed_up_decoding(tiny_model()) == ["nn.Linear kept (9: packing not faster here)"]
+    assert calls == [["decode float32 128x32", "decode float32 32x128", "decode float32 32x32",
+                      "decode float32 32x64", "decode float32 32x96"]]
+
+
+def test_real_measurement_picks_a_layout_and_decodes_the_same_tokens():
+    model = tiny_model()
+    idx = torch.tensor([[1, 2, 3]])
+    expected = generate(model, idx, 12, temperature=0, use_cache=False)
+    applied = speed_up_decoding(model)
+    assert applied and all("measured" in line or "not faster" in line for line in applied)
+    assert torch.equal(generate(model, idx, 12, temperature=0), expected)
+
+
+@pytest.mark.parametrize("dtype, fastest", [(torch.float32, "mkl"), (torch.float32, "onednn"),
+                                           (torch.bfloat16, "onednn")])
+def test_packed_cached_decoding_equals_uncached(dtype, fastest, fake_timings):
+    fake_timings(decode={"plain": 1.0, "mkl": 1.0, "onednn": 1.0, fastest: 0.5})
     model = tiny_model()
     speed_up_decoding(model, dtype)
     idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
@@ -69,3 +100,21 @@ def test_speed_up_decoding_leaves_a_non_cpu_model_alone():
 def test_speed_up_decoding_refuses_float16_weights():
     with pytest.raises(ValueError, match="weight_dtype=torch.float16"):
         speed_up_decoding(tiny_model(), torch.float16)
+
+
+def test_decoding_never_reads_cache_slots_it_has_not_written(monkeypatch):
+    """The eager cache is allocated without zeroing (no fill_ per generation): slots not yet
+    written hold whatever memory held; NaN there must not reach a single logit."""
+    model = tiny_model()
+    idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    expected = generate(model, idx, 30, temperature=0, use_cache=False)
+    new_kv_cache = model.new_kv_cache
+
+    def poisoned(*args, **kwargs):
+        cache = new_kv_cache(*args, **kwargs)
+        for buffer in cache.keys + cache.values:
+            buffer.fill_(float("nan"))
+        return cache
+
+    monkeypatch.setattr(model, "new_kv_cache", poisoned)
+    assert torch.equal(generate(model, idx, 30, temperature=0), expected)  # crops at 24 too

@@ -11,7 +11,7 @@ from torch import nn
 
 import minigpt.cpu.loss
 from minigpt.cpu import onednn, speed_up_training
-from minigpt.cpu.linear import OneDNNLinear
+from minigpt.cpu.linear import MATMULS, OneDNNLinear
 from minigpt.cpu.loss import ChunkedNextTokenLoss
 from minigpt.model import GPT, GPTConfig, NextTokenLoss
 
@@ -35,13 +35,23 @@ def batch():
     return idx, targets
 
 
+FASTER, SLOWER = {"mkl": 1.0, "onednn": 0.5}, {"mkl": 1.0, "onednn": 2.0}
+
+
 @pytest.mark.skipif(not onednn.available(), reason="PyTorch built without oneDNN")
 @pytest.mark.parametrize("chunk_rows", [None, 5])  # 5: several chunks, the last one short
-def test_loss_and_gradients_equal_the_plain_model(chunk_rows, monkeypatch):
+@pytest.mark.parametrize("onednn_faster", [("forward", "input grad", "weight grad"),
+                                           ("weight grad",), ()])
+def test_loss_and_gradients_equal_the_plain_model(chunk_rows, onednn_faster, monkeypatch,
+                                                  fake_timings):
     if chunk_rows:
         monkeypatch.setattr(minigpt.cpu.loss, "_CHUNK_ELEMENTS", chunk_rows * TINY["vocab_size"])
+    fake_timings(train={op: FASTER if op in onednn_faster else SLOWER for op in MATMULS})
     plain, fast, applied = plain_and_fast()
-    assert applied == ["oneDNN float32 linear layers (9)", "chunked LM-head loss"]
+    swapped = [m for m in fast.modules() if isinstance(m, OneDNNLinear)]
+    assert len(swapped) == (9 if onednn_faster else 0)
+    assert all(m.ops == frozenset(onednn_faster) for m in swapped)
+    assert fast.next_token_loss.onednn == (len(onednn_faster) >= 2)  # the head's three summed
     idx, targets = batch()
     expected = plain.loss(idx, targets)
     loss = fast.loss(idx, targets)
@@ -54,7 +64,30 @@ def test_loss_and_gradients_equal_the_plain_model(chunk_rows, monkeypatch):
         torch.testing.assert_close(fast(idx), plain(idx), rtol=1e-5, atol=1e-5)
 
 
-def test_parameters_tying_and_state_dict_keys_are_kept():
+def test_the_log_line_says_what_was_applied_and_why(fake_timings):
+    calls = fake_timings(train={"forward": FASTER, "input grad": {"mkl": 1.0, "onednn": 0.8},
+                                "weight grad": {"mkl": 1.0, "onednn": 1.1}})
+    _, _, applied = plain_and_fast()
+    assert applied == [
+        "oneDNN float32 matmuls in 9 of 9 linear layers (forward measured x2.00, input grad "
+        "measured x1.25, weight grad not faster here)",
+        "chunked LM-head loss (oneDNN GEMMs: measured x1.25)",  # the head's 3 / (0.5 + 0.8 + 1.1)
+    ]
+    assert len(calls) == 1
+    _, _, again = plain_and_fast()  # a later run reads the timings file
+    assert len(calls) == 1
+    assert again[0] == applied[0].replace("measured", "cached")
+
+
+def test_nothing_is_measured_or_swapped_under_bfloat16(fake_timings):
+    calls = fake_timings(train={op: FASTER for op in MATMULS})
+    _, fast, applied = plain_and_fast(precision="bf16-mixed")
+    assert applied == ["chunked LM-head loss"]
+    assert calls == [] and not any(isinstance(m, OneDNNLinear) for m in fast.modules())
+
+
+def test_parameters_tying_and_state_dict_keys_are_kept(fake_timings):
+    fake_timings(train={op: FASTER for op in MATMULS})
     plain, fast, _ = plain_and_fast()
     params = {id(p) for p in fast.parameters()}
     speed_up_training(fast, keep_freed_memory=False)  # a second call swaps nothing again
@@ -107,10 +140,11 @@ def modern_plain_and_fast(monkeypatch=None, works=True, **options):
     return plain, fast, speed_up_training(fast, keep_freed_memory=False)
 
 
-def test_unfused_blocks_train_through_a_compiled_forward_with_the_plain_numbers():
+def test_unfused_blocks_train_through_a_compiled_forward_with_the_plain_numbers(fake_timings):
+    fake_timings(train={op: FASTER for op in MATMULS})
     plain, fast, applied = modern_plain_and_fast()
     assert applied[0] == f"compiled blocks ({UNFUSED}) (2)"
-    assert applied[-1] == "chunked LM-head loss"  # soft-capped (minigpt.cpu.loss)
+    assert applied[-1].startswith("chunked LM-head loss")  # soft-capped (minigpt.cpu.loss)
     assert fast.next_token_loss.logit_softcap == 15.0
     assert type(fast.blocks[0].attn.qkv) is nn.Linear  # the compiler picks the block's kernels
     params = {id(p) for p in fast.parameters()}

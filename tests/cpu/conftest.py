@@ -1,0 +1,33 @@
+"""Kernel timings for the CPU speedups' tests: a fresh timings file per test, and fakes that
+decide which kernel wins without timing anything."""
+
+import pytest
+
+import minigpt.cpu
+
+
+@pytest.fixture(autouse=True)
+def _fresh_kernel_timings(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIGPT_CACHE_DIR", str(tmp_path / "minigpt-cache"))
+
+
+@pytest.fixture
+def fake_timings(monkeypatch):
+    """``fake_timings(train={matmul: {kernel: seconds}}, decode={kernel: seconds})``: what
+    minigpt.cpu "measures" for every training key of that matmul / every decoding shape."""
+    calls = []
+
+    def install(train=None, decode=None):
+        if train is not None:
+            def measure_matmuls(shapes):
+                calls.append(sorted(shapes))
+                return {key: dict(train[shape[3]]) for key, shape in shapes.items()}
+            monkeypatch.setattr(minigpt.cpu, "measure_matmuls", measure_matmuls)
+        if decode is not None:
+            def measure_decoding(layers, keys):
+                calls.append(sorted(keys))
+                return {key: dict(decode) for key in keys}
+            monkeypatch.setattr(minigpt.cpu, "measure_decoding", measure_decoding)
+        return calls
+
+    return install
