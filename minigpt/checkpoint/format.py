@@ -9,8 +9,9 @@ tensors and plain types only, so ``torch.load(weights_only=True)`` reads it:
   ``_orig_mod.``): under ``model`` in ``format_version`` 2, under ``state_dict`` in version 1
   (written by Lightning's Trainer; still read and resumed);
 - for resuming: the optimizers by name (``OPTIMIZER_NAMES``), ``schedulers``, ``data`` (the
-  position in the batches), ``global_step``, ``best_val_loss``, ``val_loss`` and
-  ``rng_states`` (one per process). Version 1 keeps them under ``LEGACY_KEYS``' names.
+  position in the batches), the loop's progress (``PROGRESS_KEYS``: the step, the losses, and
+  the counters that decide what runs at a step; checkpoints before them hold the first three)
+  and ``rng_states`` (one per process). Version 1 keeps them under ``LEGACY_KEYS``' names.
 
 A sharded FSDP checkpoint is a directory: ``torch.distributed.checkpoint`` files with each
 rank's shard of the weights and optimizer state, plus ``meta.pt`` with everything else.
@@ -26,6 +27,8 @@ METADATA_KEY = "minigpt"
 MODEL_PREFIX = "model."
 WEIGHTS_KEYS = ("model", "state_dict")  # where the weights sit: version 2, version 1
 OPTIMIZER_NAMES = ("optimizer", "muon")  # AdamW (alone, or for what Muon does not step), Muon
+PROGRESS_KEYS = ("global_step", "best_val_loss", "val_loss", "validations", "train_seconds",
+                 "target", "eval_metrics")  # minigpt.train.loop.Progress, at the top level
 # Version 1 (Lightning's Trainer): where its parts sit, by the name version 2 gives them.
 LEGACY_KEYS = {"model": "state_dict", "optimizer": "optimizer_states",
                "sharded_optimizer": "optimizer_0", "schedulers": "lr_schedulers",

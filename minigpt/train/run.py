@@ -120,7 +120,7 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     if resume is not None:
         restored = restore(fabric, resume, loop.module, loop.optimizers, loop.schedulers,
                            setup.data)
-        loop.progress = Progress(restored["global_step"], restored["best_val_loss"])
+        loop.progress = Progress.restored(restored, plan.val_every)
         loop.pending_rng = restored["rng"]
     start_run_dir(train, fabric, setup, plan, run_dir, ckpt_path)
     status = "failed"  # what the loggers are told: a crash, or an interrupt's exit
@@ -273,9 +273,9 @@ def finish(fabric: Fabric, loop: Loop, run_dir: Path) -> dict:
         "best": str(best) if best.exists() else None,
         "val_loss": loop.progress.val_loss,
         "steps": loop.progress.global_step,
-        **({"target": loop.target} if loop.settings.trainer.target_val_loss is not None
+        **({"target": loop.progress.target} if loop.settings.trainer.target_val_loss is not None
            else {}),
-        **loop.eval_metrics,
+        **loop.progress.eval_metrics,
     }
     if fabric.is_global_zero:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
