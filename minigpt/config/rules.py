@@ -114,4 +114,9 @@ def spanning_problems(train: TrainSchema) -> list[str]:
     if t.stop_at_target and t.target_val_loss is None:
         problems.append("trainer.stop_at_target=true needs trainer.target_val_loss (the val/loss "
                         "to stop at): set it, or trainer.stop_at_target=false")
+    every = train.eval.every  # HellaSwag in training: checked before the first step
+    if isinstance(every, int) and every > 0 and train.data.tokenizer == "char":
+        problems.append(f"eval.every={train.eval.every} scores HellaSwag, which needs the GPT-2 "
+                        "tokenizer; data.tokenizer=char cannot encode its text: set eval.every=0, "
+                        "or train on a dataset tokenized with gpt2")
     return problems

@@ -27,12 +27,18 @@ from minigpt.checkpoint.format import BEST, LAST
 from minigpt.checkpoint.write import CheckpointFiles, training_state
 from minigpt.config import TrainSchema
 from minigpt.data import TokenDataModule
+from minigpt.errors import UserError, first_line
 from minigpt.eval.training import hellaswag_in_training
 from minigpt.model import GPT
 from minigpt.train.interrupt import StopRequest
 from minigpt.train.plan import RunPlan
 from minigpt.train.rng import set_rng_state
 from minigpt.train.sample import Sampler, gathered_parameters
+
+
+class AuxiliaryWorkError(UserError, RuntimeError):
+    """Work beside training (an evaluation) failed after the step's checkpoint was written: the
+    message names the step, the error's first line, and how to resume."""
 
 
 class ModelWithLoss(nn.Module):
@@ -251,10 +257,17 @@ class Loop:
     def evaluate(self, step: int) -> None:
         """HellaSwag on ``eval_items`` (every rank the same numbers; under FSDP with every
         weight gathered for the scorer), logged as ``eval/hellaswag_acc``, ``_acc_norm``."""
-        with gathered_parameters(self.module, recurse=True):
-            self.progress.eval_metrics = hellaswag_in_training(
-                self.model, self.sampler.tokenizer, self.eval_items, self.fabric.device,
-                batch_size=self.settings.eval.batch_size, autocast=self.fabric.autocast)
+        try:
+            with gathered_parameters(self.module, recurse=True):
+                self.progress.eval_metrics = hellaswag_in_training(
+                    self.model, self.sampler.tokenizer, self.eval_items, self.fabric.device,
+                    batch_size=self.settings.eval.batch_size, autocast=self.fabric.autocast)
+        except Exception as e:  # the step's checkpoint is on disk: say how to continue from it
+            last = self.checkpoints.directory / LAST
+            raise AuxiliaryWorkError(
+                f"step {step}: the HellaSwag evaluation failed ({first_line(e)}); the "
+                f"checkpoint of step {step} is saved: resume with `python train.py "
+                f"ckpt_path={last} eval.every=0` (or fix eval.*)") from e
         self.log(self.progress.eval_metrics, step)
 
     def check_target(self, loss: float, step: int) -> None:

@@ -39,6 +39,7 @@ from minigpt.cpu import speed_up_training
 from minigpt.data import DataConfig, TokenDataModule, check_vocab_fits, open_tokens, prepare_dataset
 from minigpt.errors import ConfigError
 from minigpt.eval.training import training_items
+from minigpt.files import atomic_write
 from minigpt.model import GPT
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
 from minigpt.train.config import check_config
@@ -227,7 +228,8 @@ def start_run_dir(train: TrainSchema, fabric: Fabric, setup: Setup, plan: RunPla
     resolved["model"]["vocab_size"] = setup.model.config.vocab_size
     if fabric.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+        text = OmegaConf.to_yaml(resolved)
+        atomic_write(run_dir / "config.yaml", lambda tmp: tmp.write_text(text))
         fabric.print(describe(run_dir, setup, plan, fabric, ckpt_path))
     for logger in fabric.loggers:  # the CSV log's config is config.yaml
         started = logger.start(resolved) if hasattr(logger, "start") else None
@@ -278,7 +280,8 @@ def finish(fabric: Fabric, loop: Loop, run_dir: Path) -> dict:
         **loop.progress.eval_metrics,
     }
     if fabric.is_global_zero:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        text = json.dumps(summary, indent=2) + "\n"
+        atomic_write(run_dir / "summary.json", lambda tmp: tmp.write_text(text))
         fabric.print(f"done: {summary['steps']} steps, val/loss {summary['val_loss']}, "
                      f"checkpoints in {ckpt_dir}; sample with `python generate.py`")
     return summary
