@@ -34,6 +34,9 @@ def consolidate(source, out=None) -> Path:
     if not source.exists():
         raise FileNotFoundError(f"{source} does not exist: give a run directory (its "
                                 "checkpoints/last.ckpt) or a sharded checkpoint directory")
+    if source.is_file():
+        raise FileNotFoundError(f"{source} is one whole checkpoint file, not a sharded one: "
+                                "it needs no consolidating (generate.py reads it as it is)")
     if not is_sharded_checkpoint(source):
         run_dir, source = source, source / "checkpoints" / "last.ckpt"
         if not (source.exists() or source.is_symlink()):
