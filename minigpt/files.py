@@ -37,8 +37,8 @@ def atomic_write(target: str | os.PathLike, write: Callable[[Path], object]) -> 
                 os.fsync(f.fileno())
             os.replace(tmp, target)
         except Exception as e:
-            if _out_of_space(e, tmp):
-                raise _disk_full(target, tmp) from None
+            if out_of_space(e, tmp):
+                raise disk_full_error(target, tmp) from None
             raise
     finally:
         tmp.unlink(missing_ok=True)
@@ -57,7 +57,7 @@ def _new_file_beside(target: Path) -> Path:
     raise FileExistsError(f"no free temporary name beside {target}")
 
 
-def _out_of_space(error: BaseException | None, tmp: Path) -> bool:
+def out_of_space(error: BaseException | None, tmp: Path) -> bool:
     """Whether ``error`` (or an error it was raised from) is a full disk or quota, or the
     filesystem holding ``tmp`` is now all but full."""
     while error is not None:
@@ -70,11 +70,18 @@ def _out_of_space(error: BaseException | None, tmp: Path) -> bool:
         return False
 
 
-def _disk_full(target: Path, tmp: Path) -> DiskFullError:
-    written = tmp.stat().st_size if tmp.exists() else 0
+def disk_full_error(target: Path, tmp: Path, written: int | None = None,
+                    kept: str | None = None) -> DiskFullError:
+    """The one line for ``target`` not fitting; removes ``tmp`` (a file) first. ``written``:
+    the bytes the failed write got out, when the caller measured them; ``kept``: what is still
+    on disk (default: the previous ``target``, if there is one)."""
+    if written is None:
+        written = tmp.stat().st_size if tmp.exists() else 0
     tmp.unlink(missing_ok=True)  # first, so that the free space below counts its bytes
     free = shutil.disk_usage(target.parent).free
-    kept = f"; the previous {target.name} is unchanged" if target.exists() else ""
+    if kept is None:
+        kept = f"the previous {target.name} is unchanged" if target.exists() else ""
+    kept = f"; {kept}" if kept else ""
     error = DiskFullError(
         f"{target}: no space left on the device ({written:,} bytes written before it filled, so "
         f"it needs more than that; {free:,} bytes are free in {target.parent}): free disk space "

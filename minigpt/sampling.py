@@ -53,10 +53,10 @@ def validate_sampling(temperature: float, top_k: int | None, top_p: float | None
             or not temperature >= 0:  # `not >=` also rejects NaN
         problems.append(f"temperature={temperature!r} must be >= 0 (0 means greedy)")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        problems.append(f"top_k={top_k!r} must be an integer >= 1 (or None for no limit)")
+        problems.append(f"top_k={top_k!r} must be an integer >= 1 (or null for no limit)")
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
                               or not 0 < top_p <= 1):
-        problems.append(f"top_p={top_p!r} must be in (0, 1] (or None for no limit)")
+        problems.append(f"top_p={top_p!r} must be in (0, 1] (or null for no limit)")
     if problems:
         raise ValueError("; ".join(problems))
 

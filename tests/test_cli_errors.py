@@ -23,7 +23,7 @@ PROGRESS = re.compile(r"\d+/\d+ \[")  # a tqdm bar: preparation's, not an error
 
 def cli(tmp: Path, program: str, *args: str) -> tuple[subprocess.CompletedProcess, float]:
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
-    modules = {"prepare": "minigpt.data", "eval": "minigpt.eval"}
+    modules = {"prepare": "minigpt.data", "eval": "minigpt.eval", "checkpoint": "minigpt.checkpoint"}
     command = [sys.executable, "-m", modules[program]] if program in modules else \
         [sys.executable, str(ROOT / program)]
     start = time.perf_counter()
@@ -188,6 +188,19 @@ def cases(tmp: Path, checkpoint: Path) -> list[tuple[str, str, list[str], str]]:
         ("deeply nested corpus record", "prepare",
          ["data=local_files", f"data.paths=[{files['deep']}]", data],
          f"{files['deep']}:1: JSON nested more than 1000 levels deep"),
+        # auxiliary work's settings, checked before the first step
+        ("HellaSwag in a char-level run", "train.py", ["eval.every=1", data, *QUIET],
+         "eval.every=1 scores HellaSwag, which needs the GPT-2 tokenizer; data.tokenizer=char"),
+        ("sampling limit spelled for Python", "generate.py",
+         ["top_p=2.0", f"pretrained={hf['good']}"], "top_p=2.0 must be in (0, 1] (or null"),
+        # checkpoint tools
+        ("consolidate a missing directory", "checkpoint",
+         ["consolidate", str(tmp / "no-such-run")], f"{tmp / 'no-such-run'} does not exist"),
+        ("consolidate a directory without checkpoints", "checkpoint",
+         ["consolidate", str(tmp / "corpus")],
+         f"{tmp / 'corpus'} is neither a sharded checkpoint directory"),
+        ("consolidate a whole-file checkpoint", "checkpoint", ["consolidate", str(checkpoint)],
+         f"{checkpoint} is one whole checkpoint file, not a sharded one: it needs no"),
         # settings this machine cannot run
         ("device it lacks", "generate.py", ["device=cuda:99", f"pretrained={hf['good']}"],
          "device='cuda:99' is not on this machine"),
@@ -322,3 +335,32 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_result(tmp_path):
     assert lines[0].startswith(f"error: {result}: no space left on the device"), lines
     assert "free disk space there or write to another directory" in lines[0]
     assert previous == '{"previous": true}\n' and left == ["filler", "result.json"]
+
+
+def test_a_full_disk_at_the_first_checkpoint_is_one_line_saying_so(tmp_path):
+    """``python train.py`` with its run directory on a filesystem too small for one checkpoint
+    (about 420 KB): exit 2, one line naming the checkpoint, the bytes and that none is on disk;
+    no partial file left, nothing staged in the system temp directory."""
+    from fault_helpers import small_tmpfs
+
+    system_temp = tmp_path / "system-temp"
+    system_temp.mkdir()
+    tiny = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.context_length=32",
+            "data.batch_size=4", "data.val_tokens=256", "trainer.max_steps=2",
+            "trainer.val_check_interval=2", f"data_root={tmp_path / 'data'}", *QUIET]
+    with small_tmpfs(tmp_path / "small", size="200k") as disk:
+        os.environ["TMPDIR"] = str(system_temp)  # cli() passes the environment on
+        try:
+            done, _ = cli(tmp_path, "train.py", f"hydra.run.dir={disk / 'run'}", *tiny)
+        finally:
+            del os.environ["TMPDIR"]
+        left = sorted(p.name for p in (disk / "run" / "checkpoints").iterdir())
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error")]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    ckpt = disk / "run" / "checkpoints" / "best.ckpt"
+    assert lines[0].startswith(f"error: {ckpt}: no space left on the device ("), lines
+    assert "this was the run's first checkpoint, so none is on disk" in lines[0]
+    assert left == []
+    # torch makes its compiler's cache directory there; no file was staged
+    assert [p for p in system_temp.rglob("*") if p.is_file()] == []

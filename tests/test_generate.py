@@ -342,7 +342,7 @@ def test_command_line_writes_no_files_and_errors_in_one_line(char_ckpt, tmp_path
     bad = subprocess.run(cmd + ["top_p=2"], cwd=work, capture_output=True, text=True, env=env,
                          timeout=120)
     assert bad.returncode == 2
-    assert bad.stderr.splitlines() == ["error: top_p=2.0 must be in (0, 1] (or None for no limit)"]
+    assert bad.stderr.splitlines() == ["error: top_p=2.0 must be in (0, 1] (or null for no limit)"]
 
 
 def test_train_then_generate(tmp_path, monkeypatch):

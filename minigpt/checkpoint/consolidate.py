@@ -21,7 +21,7 @@ from minigpt.checkpoint.format import (
     is_sharded_checkpoint,
 )
 from minigpt.checkpoint.read import read_checkpoint
-from minigpt.errors import USER_ERROR_EXIT_CODE
+from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
 from minigpt.files import atomic_write
 
 
@@ -31,8 +31,18 @@ def consolidate(source, out=None) -> Path:
     import torch
 
     source = Path(source)
+    if not source.exists():
+        raise FileNotFoundError(f"{source} does not exist: give a run directory (its "
+                                "checkpoints/last.ckpt) or a sharded checkpoint directory")
+    if source.is_file():
+        raise FileNotFoundError(f"{source} is one whole checkpoint file, not a sharded one: "
+                                "it needs no consolidating (generate.py reads it as it is)")
     if not is_sharded_checkpoint(source):
-        source = source / "checkpoints" / "last.ckpt"
+        run_dir, source = source, source / "checkpoints" / "last.ckpt"
+        if not (source.exists() or source.is_symlink()):
+            raise FileNotFoundError(f"{run_dir} is neither a sharded checkpoint directory (no "
+                                    f"{METADATA_FILE}) nor a run directory (no "
+                                    "checkpoints/last.ckpt)")
     if not is_sharded_checkpoint(source):
         raise FileNotFoundError(f"{source} is not a sharded checkpoint (a directory holding "
                                 f"{METADATA_FILE}); full .ckpt files need no consolidating")
@@ -80,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         out = consolidate(args.source, args.out)
-    except (OSError, ValueError) as e:
+    except (UserError, OSError, ValueError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return USER_ERROR_EXIT_CODE
     print(f"wrote {out}; sample with `python generate.py ckpt_path={out}`")

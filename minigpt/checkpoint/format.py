@@ -10,8 +10,10 @@ tensors and plain types only, so ``torch.load(weights_only=True)`` reads it:
   (written by Lightning's Trainer; still read and resumed);
 - for resuming: the optimizers by name (``optimizer`` for AdamW, else the class's lower-case
   name: ``minigpt.train.optim.checkpoint_name``), their ``schedulers`` by the same names,
-  ``data`` (the position in the batches), ``global_step``, ``best_val_loss``, ``val_loss`` and
-  ``rng_states`` (one per process). Version 1 keeps them under ``LEGACY_KEYS``' names.
+  ``data`` (the position in the batches), the loop's progress (``PROGRESS_KEYS``: the step, the
+  losses, and the counters that decide what runs at a step; checkpoints before them hold the
+  first three) and ``rng_states`` (one per process). Version 1 keeps them under
+  ``LEGACY_KEYS``' names.
 
 A sharded FSDP checkpoint is a directory: ``torch.distributed.checkpoint`` files with each
 rank's shard of the weights and optimizer state, plus ``meta.pt`` with everything else.
@@ -26,6 +28,8 @@ READABLE_VERSIONS = (1, 2)
 METADATA_KEY = "minigpt"
 MODEL_PREFIX = "model."
 WEIGHTS_KEYS = ("model", "state_dict")  # where the weights sit: version 2, version 1
+PROGRESS_KEYS = ("global_step", "best_val_loss", "val_loss", "validations", "train_seconds",
+                 "target", "eval_metrics")  # minigpt.train.loop.Progress, at the top level
 # Version 1 (Lightning's Trainer): where its parts sit, by the name version 2 gives them.
 LEGACY_KEYS = {"model": "state_dict", "optimizer": "optimizer_states",
                "sharded_optimizer": "optimizer_0", "schedulers": "lr_schedulers",

@@ -20,6 +20,7 @@ from lightning.fabric import Fabric
 from minigpt.checkpoint.format import (
     LEGACY_KEYS,
     METADATA_KEY,
+    PROGRESS_KEYS,
     is_sharded_checkpoint,
 )
 from minigpt.checkpoint.read import read_checkpoint
@@ -96,7 +97,8 @@ def restore(fabric: Fabric, resume: ResumePoint, module, optimizers: dict, sched
             data) -> dict:
     """Load the checkpoint of ``resume`` (its header read once, before the run was built) into
     the model, optimizers, schedulers and data position; return the progress (``global_step``,
-    ``best_val_loss``) and this process's RNG state (``rng``, or None for a process the
+    ``best_val_loss`` and the other counters under ``PROGRESS_KEYS`` the checkpoint holds: older
+    ones hold fewer) and this process's RNG state (``rng``, or None for a process the
     checkpoint had none for), which the loop restores once its batches are ready."""
     path, stored = Path(resume.path), resume.optimizers
     legacy = resume.format_version == 1
@@ -111,7 +113,8 @@ def restore(fabric: Fabric, resume: ResumePoint, module, optimizers: dict, sched
     data.load_state_dict(rest[LEGACY_KEYS["data"] if legacy else "data"])
     states = rest.get("rng_states") or []
     rank = fabric.global_rank
-    return {"global_step": int(rest["global_step"]), "best_val_loss": rest.get("best_val_loss"),
+    return {**{k: rest[k] for k in PROGRESS_KEYS if k in rest},
+            "global_step": int(rest["global_step"]),
             "rng": states[rank] if rank < len(states) else None}
 
 

@@ -8,22 +8,45 @@ FSDP with sharded checkpoints it is a directory with one shard per process, whic
 number of processes (``minigpt.checkpoint.restore``).
 
 Files: ``best.ckpt`` (lowest val/loss) and ``last.ckpt``; when a validation improves, ``last`` is
-a link to ``best`` rather than a second copy. Each is written under a hidden temporary name and
-renamed into place, so a crash never leaves half a checkpoint under a real name; a later run in
-the same directory removes what a killed one left.
+a link to ``best`` rather than a second copy. Each is written under a hidden temporary name beside
+it and renamed into place, so a crash never leaves half a checkpoint under a real name; a later run
+in the same directory removes what a killed one left. A write that fails (a full disk, any
+``OSError``) removes its temporary file, keeps the previous checkpoints, and raises one line
+(``CheckpointWriteError``). Nothing is staged in the system temp directory: Fabric's default
+writer stages whole files there, so a run is given ``DirectCheckpointIO`` instead.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 from pathlib import Path
 
 import torch
 from lightning.fabric import Fabric
+from lightning.fabric.plugins import TorchCheckpointIO
 
 from minigpt.checkpoint.format import BEST, LAST, METADATA_KEY, checkpoint_metadata
+from minigpt.errors import UserError
+from minigpt.files import disk_full_error, out_of_space
 from minigpt.train.rng import rng_state
+
+
+class CheckpointWriteError(UserError, OSError):
+    """A checkpoint that could not be written: the path, the bytes needed as far as known, what
+    is still on disk, and the fix. Its temporary file is gone; earlier checkpoints are kept."""
+
+
+class DirectCheckpointIO(TorchCheckpointIO):
+    """``torch.save`` straight to the path Fabric is given (``CheckpointFiles`` gives it a
+    temporary name beside the target and renames it). Lightning's own writer stages the whole
+    file in the system temp directory first, which then needs room for a checkpoint too."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        torch.save(checkpoint, path)
 
 
 def training_state(module, optimizers: dict, schedulers: dict, data, progress: dict,
@@ -36,7 +59,7 @@ def training_state(module, optimizers: dict, schedulers: dict, data, progress: d
         **optimizers,
         "schedulers": {name: s.state_dict() for name, s in schedulers.items()},
         "data": data.state_dict(),
-        **progress,  # global_step, best_val_loss, val_loss
+        **progress,  # format.PROGRESS_KEYS
         "rng_states": _gather(rng_state()),
         METADATA_KEY: checkpoint_metadata(model_config, tokenizer),
     }
@@ -74,12 +97,38 @@ class CheckpointFiles:
             self.directory.mkdir(parents=True, exist_ok=True)
             _remove(tmp)
         self.fabric.barrier()
-        self.fabric.save(tmp, state)
-        if self.fabric.is_global_zero:
-            _sync_to_disk(tmp)
-            _replace(tmp, target)
+        failed = None
+        try:
+            self.fabric.save(tmp, state)
+            if self.fabric.is_global_zero:
+                _sync_to_disk(tmp)
+                _replace(tmp, target)
+        except Exception as e:
+            if not isinstance(e, OSError) and not out_of_space(e, target):
+                raise  # a bug, not the disk: its traceback
+            failed = e
+        if failed is not None:
+            _drop_frames(failed)
+            raise self._write_failed(target, tmp, failed)
         self.fabric.barrier()
         return target
+
+    def _write_failed(self, target: Path, tmp: Path, error: Exception) -> CheckpointWriteError:
+        """Remove ``tmp``; the one line for ``target`` (a full disk: the bytes it needed)."""
+        written = _size(tmp)
+        _remove(tmp)
+        kept = [p.name for p in (self.directory / BEST, self.directory / LAST) if p.exists()]
+        kept = f"{' and '.join(kept)} (the previous checkpoint) unchanged" if kept else \
+            "this was the run's first checkpoint, so none is on disk: the steps so far are lost"
+        if out_of_space(error, target):
+            message = str(disk_full_error(target, tmp, written, kept))
+        else:
+            message = (f"{target}: the checkpoint could not be written "
+                       f"({getattr(error, 'strerror', None) or error}): fix that or set "
+                       f"hydra.run.dir to another directory and resume; {kept}")
+        failed = CheckpointWriteError(message)
+        failed.errno = getattr(error, "errno", None)
+        return failed
 
     def link_last_to_best(self) -> None:
         """``last.ckpt`` becomes a link to ``best.ckpt``, which holds the same state."""
@@ -96,6 +145,21 @@ def _remove(path: Path) -> None:
         path.unlink()
     elif path.is_dir():
         shutil.rmtree(path)
+
+
+def _drop_frames(error: BaseException) -> None:
+    """Free the frames of ``error`` and the errors it was raised from: torch's writer of the
+    partial file lives in them, and its open file holds the disk space even once removed."""
+    while error is not None:
+        error.__traceback__ = None
+        error = error.__cause__ or error.__context__
+    gc.collect()  # frames and the writer may sit in reference cycles
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
 
 
 def _sync_to_disk(path: Path) -> None:

@@ -130,4 +130,12 @@ def spanning_problems(train: TrainSchema) -> list[str]:
     if t.stop_at_target and t.target_val_loss is None:
         problems.append("trainer.stop_at_target=true needs trainer.target_val_loss (the val/loss "
                         "to stop at): set it, or trainer.stop_at_target=false")
+    every = train.eval.every  # HellaSwag in training: checked before the first step
+    # The HellaSwag validation set (eval.path=null) is English a char vocabulary cannot encode;
+    # a local file in the corpus's characters (eval.path) can be scored.
+    if isinstance(every, int) and every > 0 and train.data.tokenizer == "char" \
+            and train.eval.path is None and "hellaswag" in train.eval.tasks:
+        problems.append(f"eval.every={train.eval.every} scores HellaSwag, which needs the GPT-2 "
+                        "tokenizer; data.tokenizer=char cannot encode its text: set eval.every=0, "
+                        "or train on a dataset tokenized with gpt2")
     return problems

@@ -8,6 +8,7 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.strategies import FSDPStrategy
 
+from minigpt.checkpoint.write import DirectCheckpointIO
 from minigpt.config.schema import FSDPSchema, TrainerSchema
 from minigpt.errors import ConfigError
 from minigpt.model import Block
@@ -24,6 +25,7 @@ def build_fabric(trainer: TrainerSchema, plan: RunPlan, loggers: list, callbacks
             accelerator=trainer.accelerator, devices=trainer.devices, num_nodes=trainer.num_nodes,
             strategy=fsdp_strategy(plan, trainer.fsdp) if plan.fsdp else plan.strategy,
             precision=plan.precision, loggers=loggers, callbacks=list(callbacks),
+            plugins=None if plan.fsdp else [DirectCheckpointIO()],  # FSDP writes in place
         )
     except (ValueError, TypeError, RuntimeError) as e:
         if plan.fsdp and not torch.cuda.is_available():  # Fabric's words name its own API

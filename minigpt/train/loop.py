@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from lightning.fabric import Fabric
@@ -28,12 +28,18 @@ from minigpt.checkpoint.format import BEST, LAST
 from minigpt.checkpoint.write import CheckpointFiles, training_state
 from minigpt.config import TrainSchema
 from minigpt.data import TokenDataModule
+from minigpt.errors import UserError, first_line
 from minigpt.eval.training import tasks_in_training
 from minigpt.model import GPT
 from minigpt.train.interrupt import StopRequest
 from minigpt.train.plan import RunPlan
 from minigpt.train.rng import set_rng_state
 from minigpt.train.sample import Sampler, gathered_parameters
+
+
+class AuxiliaryWorkError(UserError, RuntimeError):
+    """Work beside training (an evaluation) failed after the step's checkpoint was written: the
+    message names the step, the error's first line, and how to resume."""
 
 
 class ModelWithLoss(nn.Module):
@@ -86,15 +92,32 @@ def optimizer_step(fabric: Fabric, module: nn.Module, optimizers: dict, schedule
 
 @dataclass
 class Progress:
-    """Where the run stands; saved in every checkpoint."""
+    """Where the run stands, and every counter that decides what happens at a step: saved in
+    every checkpoint and restored, so a resumed run validates, evaluates, samples and tracks its
+    target at the steps the uninterrupted run does, and reports what it would."""
 
     global_step: int = 0
     best_val_loss: float | None = None
     val_loss: float | None = None
+    validations: int = 0  # validations so far: HellaSwag runs every eval.every of them
+    train_seconds: float = 0.0  # training time so far (validation excluded)
+    target: dict | None = None  # what reaching trainer.target_val_loss took, once it has
+    eval_metrics: dict = field(default_factory=dict)  # the latest HellaSwag scores
 
     def as_dict(self) -> dict:
-        return {"global_step": self.global_step, "best_val_loss": self.best_val_loss,
-                "val_loss": self.val_loss}
+        return asdict(self)
+
+    @classmethod
+    def restored(cls, stored: dict, val_every: int) -> Progress:
+        """The progress a checkpoint holds. Checkpoints written before the counters were saved
+        hold only the step and losses: the validations are derived from the step (one every
+        ``val_every`` steps), the rest start empty."""
+        step = int(stored["global_step"])
+        validations = stored.get("validations")
+        return cls(step, stored.get("best_val_loss"), stored.get("val_loss"),
+                   step // val_every if validations is None else int(validations),
+                   float(stored.get("train_seconds") or 0.0), stored.get("target"),
+                   dict(stored.get("eval_metrics") or {}))
 
 
 class Loop:
@@ -115,9 +138,6 @@ class Loop:
         self.data, self.checkpoints, self.sampler = data, checkpoints, sampler
         self.eval_items, self.bytes_per_token = eval_items, bytes_per_token
         self.progress = Progress()
-        self.target: dict | None = None  # what reaching trainer.target_val_loss took, once it has
-        self.eval_metrics: dict = {}  # the latest scores
-        self.validations = 0
         self.pending_rng: dict | None = None  # restored once the training batches are ready
         self.stop: StopRequest | None = None
         self.lrs: dict = {}  # the learning rates of the latest step, by name
@@ -163,7 +183,8 @@ class Loop:
             self.pending_rng = None
         self.module.train()
         clock = self.clock = TrainingClock(self._throughput(), plan,
-                                           self.model.flops_per_token(plan.batch.context_length))
+                                           self.model.flops_per_token(plan.batch.context_length),
+                                           elapsed=self.progress.train_seconds)
         bar = tqdm(total=plan.max_steps, initial=self.progress.global_step, desc="train",
                    unit="step", dynamic_ncols=True,
                    disable=not (fabric.is_global_zero
@@ -188,7 +209,7 @@ class Loop:
                     clock.restart()  # validation, samples and checkpoints are not training time
                 if self.stop.requested():
                     self.save_and_exit()
-                if self.target is not None and self.settings.trainer.stop_at_target:
+                if self.progress.target is not None and self.settings.trainer.stop_at_target:
                     break
         return self.progress
 
@@ -217,6 +238,10 @@ class Loop:
         return float(total[0] / total[1].clamp(min=1))
 
     def validate_and_checkpoint(self, bar) -> None:
+        """Validate, then write the step's checkpoint, then evaluate and sample: auxiliary work
+        that fails never costs the training before it. A run that dies during evaluation resumes
+        from this step's checkpoint without that evaluation; a Ctrl-C or SIGTERM lets it finish
+        and saves again."""
         step = self.progress.global_step
         loss = self.validate()
         metrics = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
@@ -226,15 +251,19 @@ class Loop:
         if self.fabric.is_global_zero:
             bar.write(f"step {step}: val/loss {loss:.4f}")
         self.check_target(loss, step)
-        self.validations += 1
-        if self.eval_items and self.validations % self.settings.eval.every == 0:
+        self.progress.validations += 1
+        self.checkpoint(loss)
+        if self.eval_items and self.progress.validations % self.settings.eval.every == 0:
             self.evaluate(step)
         self.sample(step)
-        best = self.progress.best_val_loss
-        improved = best is None or loss < best
-        self.progress.val_loss = loss
+
+    def checkpoint(self, loss: float) -> None:
+        """``best.ckpt`` (and ``last`` linked to it) when ``loss`` improves, else ``last.ckpt``."""
+        progress = self.progress
+        improved = progress.best_val_loss is None or loss < progress.best_val_loss
+        progress.val_loss = loss
         if improved:
-            self.progress.best_val_loss = loss
+            progress.best_val_loss = loss
         state = self.state()
         if improved:
             self.checkpoints.write(BEST, state)
@@ -245,26 +274,33 @@ class Loop:
     def evaluate(self, step: int) -> None:
         """The tasks of ``eval_items`` (every rank the same numbers; under FSDP with every
         weight gathered for the scorer), logged as ``eval/<task>/<metric>``."""
-        with gathered_parameters(self.module, recurse=True):
-            self.eval_metrics = tasks_in_training(
-                self.model, self.sampler.tokenizer, self.eval_items, self.fabric.device,
-                batch_size=self.settings.eval.batch_size, autocast=self.fabric.autocast)
-        self.log(self.eval_metrics, step)
+        try:
+            with gathered_parameters(self.module, recurse=True):
+                self.progress.eval_metrics = tasks_in_training(
+                    self.model, self.sampler.tokenizer, self.eval_items, self.fabric.device,
+                    batch_size=self.settings.eval.batch_size, autocast=self.fabric.autocast)
+        except Exception as e:  # the step's checkpoint is on disk: say how to continue from it
+            last = self.checkpoints.directory / LAST
+            raise AuxiliaryWorkError(
+                f"step {step}: the evaluation failed ({first_line(e)}); the "
+                f"checkpoint of step {step} is saved: resume with `python train.py "
+                f"ckpt_path={last} eval.every=0` (or fix eval.*)") from e
+        self.log(self.progress.eval_metrics, step)
 
     def check_target(self, loss: float, step: int) -> None:
         """At the first validation at or below ``trainer.target_val_loss``: what it took,
         printed, logged (``target/*``) and kept for ``summary.json``."""
         target = self.settings.trainer.target_val_loss
-        if target is None or self.target is not None or loss > target:
+        if target is None or self.progress.target is not None or loss > target:
             return
-        self.target = {"val_loss": target, "reached": loss, "steps": step,
-                       "tokens": step * self.plan.batch.tokens_per_step,
-                       "seconds": round(self.clock.elapsed, 1)}
-        self.log({f"target/{k}": float(v) for k, v in self.target.items()
+        reached = self.progress.target = {
+            "val_loss": target, "reached": loss, "steps": step,
+            "tokens": step * self.plan.batch.tokens_per_step,
+            "seconds": round(self.clock.elapsed, 1)}
+        self.log({f"target/{k}": float(v) for k, v in reached.items()
                   if k in ("steps", "tokens", "seconds")}, step)
         self.fabric.print(f"target val/loss {target} reached at step {step}: "
-                          f"{self.target['tokens']:,} tokens, {self.target['seconds']} s of "
-                          "training")
+                          f"{reached['tokens']:,} tokens, {reached['seconds']} s of training")
 
     def sample(self, step: int) -> None:
         text = self.sampler.sample(self.model, self.fabric.device, self.fabric.autocast(),
@@ -278,6 +314,7 @@ class Loop:
                 logger.log_samples(self.sampler.rows)
 
     def state(self) -> dict:
+        self.progress.train_seconds = self.clock.elapsed
         return training_state(self.module, self.optimizers, self.schedulers, self.data,
                               self.progress.as_dict(), self.model.config.to_dict(),
                               self.sampler.tokenizer.to_dict())
@@ -309,12 +346,13 @@ class TrainingClock:
     step; read at logging steps, right after the host sync, so the window between two of them
     holds the time the device took."""
 
-    def __init__(self, throughput: Throughput, plan: RunPlan, flops_per_token: float | None = None):
+    def __init__(self, throughput: Throughput, plan: RunPlan, flops_per_token: float | None = None,
+                 elapsed: float = 0.0):
         self.throughput, self.batch = throughput, plan.batch
         self.flops_per_step = flops_per_token * plan.batch.tokens_per_micro_batch * \
             plan.batch.accumulate if flops_per_token else None
-        self.elapsed, self.steps = 0.0, 0
-        self.throughput.update(time=0.0, batches=0, samples=0, lengths=0)
+        self.elapsed, self.steps = elapsed, 0  # elapsed: a resumed run's training time so far
+        self.throughput.update(time=self.elapsed, batches=0, samples=0, lengths=0)
         self.restart()
 
     def restart(self) -> None:

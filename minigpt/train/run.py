@@ -40,6 +40,7 @@ from minigpt.data import DataConfig, TokenDataModule, check_vocab_fits
 from minigpt.data.datamodule import prepare_tokens
 from minigpt.errors import ConfigError
 from minigpt.eval.training import training_items, training_tasks
+from minigpt.files import atomic_write
 from minigpt.model import GPT
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
 from minigpt.train.config import check_config
@@ -121,7 +122,7 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     if resume is not None:
         restored = restore(fabric, resume, loop.module, loop.optimizers, loop.schedulers,
                            setup.data)
-        loop.progress = Progress(restored["global_step"], restored["best_val_loss"])
+        loop.progress = Progress.restored(restored, plan.val_every)
         loop.pending_rng = restored["rng"]
     start_run_dir(train, fabric, setup, plan, run_dir, ckpt_path)
     status = "failed"  # what the loggers are told: a crash, or an interrupt's exit
@@ -230,7 +231,8 @@ def start_run_dir(train: TrainSchema, fabric: Fabric, setup: Setup, plan: RunPla
     resolved["model"]["vocab_size"] = setup.model.config.vocab_size
     if fabric.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+        text = OmegaConf.to_yaml(resolved)
+        atomic_write(run_dir / "config.yaml", lambda tmp: tmp.write_text(text))
         fabric.print(describe(run_dir, setup, plan, fabric, ckpt_path))
     for logger in fabric.loggers:  # the CSV log's config is config.yaml
         started = logger.start(resolved) if hasattr(logger, "start") else None
@@ -276,12 +278,13 @@ def finish(fabric: Fabric, loop: Loop, run_dir: Path) -> dict:
         "best": str(best) if best.exists() else None,
         "val_loss": loop.progress.val_loss,
         "steps": loop.progress.global_step,
-        **({"target": loop.target} if loop.settings.trainer.target_val_loss is not None
+        **({"target": loop.progress.target} if loop.settings.trainer.target_val_loss is not None
            else {}),
-        **loop.eval_metrics,
+        **loop.progress.eval_metrics,
     }
     if fabric.is_global_zero:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        text = json.dumps(summary, indent=2) + "\n"
+        atomic_write(run_dir / "summary.json", lambda tmp: tmp.write_text(text))
         fabric.print(f"done: {summary['steps']} steps, val/loss {summary['val_loss']}, "
                      f"checkpoints in {ckpt_dir}; sample with `python generate.py`")
     return summary

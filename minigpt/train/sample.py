@@ -10,6 +10,7 @@ import torch
 from lightning.fabric.utilities import rank_zero_warn
 from torch import nn
 
+from minigpt.files import atomic_write
 from minigpt.sampling import generate
 
 if TYPE_CHECKING:
@@ -71,7 +72,9 @@ class Sampler:
             model.train(was_training)
 
     def record(self, step: int, text: str) -> None:
-        """Append to ``samples.txt`` (rank 0 calls this)."""
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(f"--- step {step} ---\n{text}\n")
+        """Append to ``samples.txt`` (rank 0 calls this), rewritten whole through
+        ``atomic_write``: a full disk is one line and keeps the samples so far."""
+        earlier = self.path.read_bytes() if self.path.exists() else b""
+        added = f"--- step {step} ---\n{text}\n".encode()
+        atomic_write(self.path, lambda tmp: tmp.write_bytes(earlier + added))
         self.rows.append([step, text])

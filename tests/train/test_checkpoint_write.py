@@ -1,0 +1,80 @@
+"""A full disk never costs a checkpoint: a write that fails during a real run keeps the previous
+``best``/``last`` loadable, leaves no partial file, stops the run with one line, and nothing is
+staged in the system temp directory."""
+
+from __future__ import annotations
+
+import errno
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from fault_helpers import small_tmpfs
+from test_run import data_root, tiny_cfg  # noqa: F401 (data_root: a fixture, used by name)
+
+from minigpt.checkpoint import load_checkpoint
+from minigpt.checkpoint.write import CheckpointWriteError
+from minigpt.train.run import run
+
+
+def no_space_on_second_save(monkeypatch) -> list[Path]:
+    """``torch.save`` writes the first checkpoint; the second gets 1000 bytes out, then the
+    file layer's ``ENOSPC``. Returns the paths it was asked to write."""
+    real_save, calls = torch.save, []
+
+    def save(obj, f, *args, **kwargs):
+        calls.append(Path(f))
+        if len(calls) == 1:
+            return real_save(obj, f, *args, **kwargs)
+        Path(f).write_bytes(b"\0" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", save)
+    return calls
+
+
+def assert_previous_checkpoint_kept(run_dir: Path, step: int) -> None:
+    checkpoints = run_dir / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["best.ckpt", "last.ckpt"]
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == step
+    model, _, _ = load_checkpoint(checkpoints / "best.ckpt")
+    assert model.config.n_layer == 2
+
+
+def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp_path, data_root, monkeypatch):  # noqa: F811
+    system_temp = tmp_path / "system-temp"
+    system_temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system_temp))
+    calls = no_space_on_second_save(monkeypatch)
+    run_dir = tmp_path / "run"
+    with pytest.raises(CheckpointWriteError) as failed:
+        run(tiny_cfg(data_root), run_dir)  # checkpoints at steps 4 and 8
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.startswith(f"{run_dir / 'checkpoints'}/"), message
+    assert "no space left on the device (1,000 bytes written before it filled" in message
+    assert "free disk space there or write to another directory" in message
+    assert "(the previous checkpoint) unchanged" in message
+    assert_previous_checkpoint_kept(run_dir, 4)
+    # Fabric was handed the temporary name beside the target, and wrote nothing elsewhere.
+    assert [p.parent for p in calls] == [run_dir / "checkpoints"] * 2
+    assert list(system_temp.iterdir()) == []
+
+
+def test_a_checkpoint_on_a_full_filesystem(tmp_path, data_root):  # noqa: F811
+    """A real full disk: a 640 KiB tmpfs holds the first checkpoint (about 420 KB), not the
+    second beside it."""
+    with small_tmpfs(tmp_path / "small", size="640k") as disk:
+        with pytest.raises(CheckpointWriteError, match="no space left on the device") as failed:
+            run(tiny_cfg(data_root), disk / "run")
+        assert "(the previous checkpoint) unchanged" in str(failed.value)
+        assert_previous_checkpoint_kept(disk / "run", 4)
+
+
+def test_the_first_checkpoint_not_fitting_says_so(tmp_path, data_root):  # noqa: F811
+    with small_tmpfs(tmp_path / "small", size="200k") as disk:
+        with pytest.raises(CheckpointWriteError) as failed:
+            run(tiny_cfg(data_root), disk / "run")
+        assert "this was the run's first checkpoint, so none is on disk" in str(failed.value)
+        assert list((disk / "run" / "checkpoints").iterdir()) == []
