@@ -59,5 +59,5 @@ def test_a_directory_without_shards_is_one_line_and_status_2(tmp_path):
     result = consolidate_cli(str(tmp_path))
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        f"error: {tmp_path / 'checkpoints' / 'last.ckpt'} is not a sharded checkpoint (a "
-        "directory holding meta.pt); full .ckpt files need no consolidating"]
+        f"error: {tmp_path} is neither a sharded checkpoint directory (no meta.pt) nor a run "
+        "directory (no checkpoints/last.ckpt)"]

@@ -108,10 +108,10 @@ def test_a_stopped_and_resumed_run_is_the_uninterrupted_run(tmp_path, gpt2_run, 
     run(tiny_cfg(root, *overrides, f"ckpt_path={last}"), stopped)
 
     expected = summary_without_clock(straight)
-    assert expected["target"]["steps"] == 2 and "eval/hellaswag_acc" in expected
+    assert expected["target"]["steps"] == 2 and "eval/hellaswag/acc" in expected
     assert summary_without_clock(stopped) == expected
     rows = training_rows(straight)
-    assert [int(r["step"]) for r in rows if r.get("eval/hellaswag_acc")] == [4, 8]
+    assert [int(r["step"]) for r in rows if r.get("eval/hellaswag/acc")] == [4, 8]
     assert_same_rows(training_rows(stopped), rows)
     samples = (straight / "samples.txt").read_text()
     assert samples.count("--- step") == 4 and (stopped / "samples.txt").read_text() == samples
@@ -121,5 +121,5 @@ def test_an_older_checkpoint_without_counters_derives_them_from_the_step():
     stored = {"global_step": 6, "best_val_loss": 2.5, "val_loss": 2.75}  # before the counters
     assert set(stored) < set(PROGRESS_KEYS)
     assert Progress.restored(stored, val_every=2) == Progress(6, 2.5, 2.75, validations=3)
-    full = Progress(6, 2.5, 2.75, 3, 1.5, {"steps": 2}, {"eval/hellaswag_acc": 0.5})
+    full = Progress(6, 2.5, 2.75, 3, 1.5, {"steps": 2}, {"eval/hellaswag/acc": 0.5})
     assert Progress.restored(full.as_dict(), val_every=4) == full
