@@ -32,7 +32,8 @@ class CausalLMWithLoss(nn.Module):
         super().__init__()
         self.lm, self.attention = lm, attention
 
-    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+    def loss(self, x: Tensor, y: Tensor, document_ids: Tensor | None = None) -> Tensor:
+        assert document_ids is None, "transformers' GPT-2 has no document mask"
         with self.attention():
             logits = self.lm(x).logits  # (B, T, V)
         return logits_cross_entropy(logits, y)

@@ -59,8 +59,6 @@ class ModelWithLoss(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor,
                 document_ids: torch.Tensor | None = None) -> torch.Tensor:
-        if document_ids is None:  # a loss without document masking (bench's transformers model)
-            return self.loss(idx, targets)
         return self.loss(idx, targets, document_ids=document_ids)
 
 
