@@ -7,6 +7,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,10 @@ def small_tmpfs(mount: Path, size: str = "1m"):
         yield mount
     finally:
         subprocess.run(["umount", str(mount)], check=True)
+
+
+def stalled_documents(seconds: float = 600):
+    """A data source (``data.source=tests.fault_helpers.stalled_documents``) that waits before
+    its one document: a training process held in data preparation, its run directory locked."""
+    time.sleep(seconds)
+    yield "a document\n"

@@ -91,15 +91,17 @@ class CheckpointFiles:
 
     def write(self, name: str, state: dict) -> Path:
         """``fabric.save`` under a temporary name, then renamed over ``name`` (a link there is
-        replaced, not followed)."""
+        replaced, not followed). A failure on any process raises ``CheckpointWriteError`` on
+        every process."""
         target, tmp = self.directory / name, self.directory / f".{name}.tmp"
         if self.fabric.is_global_zero:
             self.directory.mkdir(parents=True, exist_ok=True)
             _remove(tmp)
         self.fabric.barrier()
-        failed = None
+        failed, saved = None, False
         try:
             self.fabric.save(tmp, state)
+            saved = True
             if self.fabric.is_global_zero:
                 _sync_to_disk(tmp)
                 _replace(tmp, target)
@@ -109,8 +111,14 @@ class CheckpointFiles:
             failed = e
         if failed is not None:
             _drop_frames(failed)
-            raise self._write_failed(target, tmp, failed)
-        self.fabric.barrier()
+            failed = self._write_failed(target, tmp, failed)
+            if not saved:  # fabric.save ends in a barrier, which the other processes are in
+                self.fabric.barrier()
+        # Every process learns of a failure on any of them (under DDP only rank 0 writes): all
+        # stop with its line, none is left waiting in the run's next collective.
+        messages = [m for m in _gather(None if failed is None else str(failed)) if m]
+        if messages:
+            raise failed or CheckpointWriteError(messages[0])
         return target
 
     def _write_failed(self, target: Path, tmp: Path, error: Exception) -> CheckpointWriteError:

@@ -55,7 +55,7 @@ from minigpt.train.preflight import (
     out_of_memory_as_resource_error,
     vocab_before_data,
 )
-from minigpt.train.run_dir import RunDirLock, check_run_dir_free, remove_unstarted
+from minigpt.train.run_dir import hold_run_dir, remove_unstarted
 from minigpt.train.sample import Sampler, gathered_parameters
 
 log = logging.getLogger(__name__)
@@ -71,8 +71,7 @@ def run(cfg: TrainSchema | DictConfig, run_dir: str | Path | None = None,
     step leaves nothing behind in ``run_dir``."""
     train = typed(cfg, TrainSchema)
     run_dir = _run_dir(run_dir).resolve()
-    check_run_dir_free(run_dir, train.ckpt_path)  # before anything of ours is written there
-    writer = RunDirLock(run_dir).acquire()  # one process writes into a run directory
+    writer = hold_run_dir(run_dir, train.ckpt_path)  # one process writes into a run directory
     started = []
     try:
         return _run(train, run_dir, list(callbacks) + [_FirstStep(started)])

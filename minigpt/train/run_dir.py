@@ -86,6 +86,18 @@ def remove_unstarted(run_dir: Path) -> None:
             return
 
 
+def hold_run_dir(run_dir: Path, ckpt_path: str | None) -> RunDirLock:
+    """This process's writer lock on ``run_dir``: the one it took already (``train.py`` takes it
+    in a Hydra callback, before Hydra writes ``.hydra/`` there), else the directory is checked
+    free (``check_run_dir_free``) and locked now. The caller releases it."""
+    held = _HELD.get(run_dir)
+    if held is not None and held.file is not None:
+        return held
+    check_run_dir_free(run_dir, ckpt_path)  # before anything of ours is written there
+    _HELD[run_dir] = lock = RunDirLock(run_dir).acquire()
+    return lock
+
+
 class RunDirLock:
     """The one writer of a run directory: an advisory ``flock`` on ``<run_dir>/.writer.lock``,
     taken by ``acquire`` before the run writes anything there and dropped by ``release`` (or by
@@ -134,6 +146,8 @@ class RunDirLock:
 
     def release(self) -> None:
         """Drop the lock and remove its file (unless a failed start removed it already)."""
+        if _HELD.get(self.path.parent) is self:
+            del _HELD[self.path.parent]
         if self.file is None:
             return
         if _same_file(self.file, self.path):
@@ -147,6 +161,9 @@ class RunDirLock:
         return (f"{self.path.parent} is in use by another training process ({pid}); only one "
                 "process writes into a run directory: wait for it to finish or stop it, or set "
                 "hydra.run.dir to another directory")
+
+
+_HELD: dict[Path, RunDirLock] = {}  # run directory -> the lock this process took on it
 
 
 def _same_file(f, path: Path) -> bool:

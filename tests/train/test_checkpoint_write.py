@@ -78,3 +78,25 @@ def test_the_first_checkpoint_not_fitting_says_so(tmp_path, data_root):  # noqa:
             run(tiny_cfg(data_root), disk / "run")
         assert "this was the run's first checkpoint, so none is on disk" in str(failed.value)
         assert list((disk / "run" / "checkpoints").iterdir()) == []
+
+
+def test_a_full_disk_on_rank_0_stops_both_ranks_with_one_line(tmp_path, data_root):  # noqa: F811
+    """Two DDP processes (gloo): the second checkpoint fails on rank 0, the one that writes it.
+    Both processes end (no rank left waiting at a barrier) with the same one line; the first
+    checkpoint is kept and no partial file is left."""
+    from test_run import TINY, _train_py
+
+    run_dir = tmp_path / "run"
+    result = _train_py(
+        tmp_path, *TINY, f"data_root={data_root}", "trainer=ddp", "trainer.accelerator=cpu",
+        "trainer.devices=2", "trainer.max_steps=8", "trainer.val_check_interval=4",
+        f"hydra.run.dir={run_dir}", timeout=240,
+        script=Path(__file__).with_name("full_disk_train.py"))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert len(lines) == 2 and lines[0] == lines[1], result.stderr[-3000:]  # rank 0, rank 1
+    assert lines[0].startswith(f"error: {run_dir / 'checkpoints'}/"), lines
+    assert "no space left on the device (1,000 bytes written before it filled" in lines[0]
+    assert "(the previous checkpoint) unchanged" in lines[0]
+    assert_previous_checkpoint_kept(run_dir, 4)

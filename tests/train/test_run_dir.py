@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
-from fault_helpers import hold_in_another_process
+from fault_helpers import ROOT, hold_in_another_process
 
 from minigpt.errors import ConfigError
 from minigpt.train.run_dir import LOCK_FILE, RunDirLock, remove_unstarted
@@ -56,3 +61,61 @@ def test_only_rank_zero_of_a_launch_takes_it(tmp_path, monkeypatch):
     RunDirLock(tmp_path).acquire().release()  # neither refused nor removing rank 0's lock
     assert (tmp_path / LOCK_FILE).read_text().split()[0] == str(os.getpid())
     holder.release()
+
+
+# ---- through the real command: the lock comes before Hydra writes anything -----------------
+
+def train_py(cwd: Path, *args: str, **popen) -> subprocess.Popen:
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def hydra_files(run_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((run_dir / ".hydra").iterdir())}
+
+
+def test_a_second_train_py_is_refused_before_hydra_writes_there(tmp_path):
+    """A first ``python train.py`` held in data preparation holds the lock; a second one into
+    the same directory is refused with one line naming it, and the first run's ``.hydra/``
+    files (its config) and lock are byte for byte what they were."""
+    run_dir = tmp_path / "run"
+    first = train_py(tmp_path, f"hydra.run.dir={run_dir}", "data.name=stalled",
+                     "data.source=tests.fault_helpers.stalled_documents", "data.tokenizer=char",
+                     f"data_root={tmp_path / 'data'}", "logger=none", "model.n_layer=1")
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run_dir / ".hydra" / "overrides.yaml").exists()
+                   and (run_dir / LOCK_FILE).exists()):
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.5)
+        before, lock = hydra_files(run_dir), (run_dir / LOCK_FILE).read_bytes()
+        second = train_py(tmp_path, f"hydra.run.dir={run_dir}", "logger=none", "model.n_layer=3")
+        _, err = second.communicate(timeout=120)
+        after = hydra_files(run_dir)
+        assert first.poll() is None  # still holding it
+    finally:
+        first.kill()
+        first.communicate()
+    assert second.returncode == 2, err[-2000:]
+    assert err.strip() == (f"error: {run_dir} is in use by another training process (pid "
+                           f"{first.pid} on {socket.gethostname()}); only one process writes "
+                           "into a run directory: wait for it to finish or stop it, or set "
+                           "hydra.run.dir to another directory")
+    assert b"n_layer: 1" in after["config.yaml"] and after == before
+    assert lock.split()[0] == str(first.pid).encode()
+
+
+def test_a_finished_runs_directory_is_refused_before_hydra_writes_there(tmp_path):
+    """A new run (no ``ckpt_path``) aimed at a finished run's directory: refused, and that
+    run's ``.hydra/`` config is left as it was."""
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text("the first run's config\n")
+    (run_dir / "config.yaml").write_text("the first run's resolved config\n")
+    second = train_py(tmp_path, f"hydra.run.dir={run_dir}", "logger=none")
+    _, err = second.communicate(timeout=120)
+    assert second.returncode == 2, err[-2000:]
+    assert err.strip().startswith(f"error: hydra.run.dir={run_dir} holds another run; "), err
+    assert hydra_files(run_dir) == {"config.yaml": b"the first run's config\n"}
+    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "config.yaml"]
