@@ -134,7 +134,7 @@ def test_every_command_line_checks_the_device_the_same_way(char_ckpt, device, me
     commands = [
         ["generate.py", f"ckpt_path={path}", f"device={device}"],
         ["-m", "minigpt.eval", f"ckpt_path={path}", f"device={device}"],
-        ["-m", "minigpt.viz", "attention", "--ckpt-path", str(path), "--device", device],
+        ["-m", "minigpt.viz", "attention", f"ckpt_path={path}", f"device={device}"],
     ]
     for command in commands:
         result = cli(*command)

@@ -1,6 +1,7 @@
 """Attention maps and run plots: the weights by invariants and a hand computation, PNGs by size,
 run plots on a real short training run."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -289,10 +290,58 @@ def test_not_a_wandb_file_is_a_clear_error(tmp_path):
         read_wandb(bad)
 
 
-def test_runs_cli_draws_several_runs_on_one_png(tmp_path, capsys):
-    from PIL import Image
+def viz(*argv: str) -> str:
+    """``python -m minigpt.viz *argv`` in this process: its arguments rewritten as the command
+    line does, composed with configs/viz.yaml, run; returns what it prints."""
+    from hydra import compose, initialize_config_dir
 
-    from minigpt.viz.__main__ import main
+    from minigpt.viz.__main__ import run, viz_arguments
+
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("viz", overrides=viz_arguments(list(argv)))
+    return run(cfg)
+
+
+def viz_cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "minigpt.viz", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_command_line_arguments_become_hydra_overrides():
+    from minigpt.viz.__main__ import viz_arguments
+
+    assert viz_arguments(["runs", "outputs/a", "out it's/b", "labels=x,y=1", "out=r.png"]) == [
+        "command=runs", "out=r.png", "runs=['outputs/a','out it\\'s/b']", "labels=['x','y=1']"]
+    assert viz_arguments(["attention", "layer=all"]) == ["command=attention", "layer=all"]
+    assert viz_arguments(["runs=a,b"]) == ["runs=['a','b']"]
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["atention"], "error: unknown command 'atention': did you mean attention?"),
+    (["attention", "--ckpt-path", "x.ckpt"], "error: --ckpt-path: python -m minigpt.viz takes "
+     "key=value settings (configs/viz.yaml): write ckpt_path=..."),
+    (["attention", "layr=all"], "error: unknown config key layr: did you mean layer?"),
+    (["attention", "layer=-1", "dtype=f32", "cpu_speedups=yes"], "error: layer=-1 must be a "
+     "layer index (0, 1, ...) or all; cpu_speedups='yes' must be one of auto, false; dtype='f32' "
+     "must be one of auto, float32, bfloat16, float16"),
+    (["attention", "ckpt_path=a.ckpt", "pretrained=gpt2", "prompt=hi", "prompt_file=p.txt"],
+     "error: give ckpt_path or pretrained, not both; give prompt or prompt_file, not both"),
+    (["runs"], "error: runs needs run directories: python -m minigpt.viz runs outputs/<run> ..."),
+    (["runs", "nowhere"], "error: run directory 'nowhere' does not exist"),
+])
+def test_command_line_errors_are_one_line(tmp_path, argv, line):
+    """Bad input through the real command: exit status 2, one line naming the value (and the
+    key meant), nothing written."""
+    result = viz_cli(*argv, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(line), lines
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_runs_cli_draws_several_runs_on_one_png(tmp_path):
+    from PIL import Image
 
     dirs = []
     for i, lr in enumerate((1e-3, 3e-4)):
@@ -301,16 +350,16 @@ def test_runs_cli_draws_several_runs_on_one_png(tmp_path, capsys):
         write_csv_log(tmp_path / f"run{i}/metrics.csv", rows + [{"step": 19, "val/loss": 3.5}])
         dirs.append(str(tmp_path / f"run{i}"))
     out = tmp_path / "runs.png"
-    assert main(["runs", *dirs, "--labels", "lr=1e-3", "lr=3e-4", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    printed = viz("runs", *dirs, "labels=lr=1e-3,lr=3e-4", f"out={out}")
     assert "lr=1e-3  step 19  train/loss" in printed and "best val/loss 3.5000" in printed
     with Image.open(out) as image:
         assert image.size == (1600, 480)
-    assert main(["runs", dirs[0], "--labels", "a", "b", "--out", str(out)]) == 2
-    assert "2 labels for 1 run directories" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="^2 labels for 1 run directories: give one label per "
+                       "run$"):
+        viz("runs", dirs[0], "labels=a,b", f"out={out}")
 
 
-def test_attention_cli_on_a_pretrained_directory(tmp_path, capsys):
+def test_attention_cli_on_a_pretrained_directory(tmp_path):
     """--pretrained: a Hugging Face GPT-2 directory (here a tiny random one) and the GPT-2 BPE."""
     tokenizer = pytest.importorskip("minigpt.tokenizer")
     try:
@@ -319,18 +368,15 @@ def test_attention_cli_on_a_pretrained_directory(tmp_path, capsys):
         pytest.skip(str(e))
     from PIL import Image
 
-    from minigpt.viz.__main__ import main
-
     tiny_gpt(vocab_size=50257, n_layer=3).save_pretrained(str(tmp_path / "gpt2-tiny"))
     out = tmp_path / "layers.png"
-    argv = ["attention", "--pretrained", str(tmp_path / "gpt2-tiny"), "--prompt",
-            "Hello world, this is a test.", "--layer", "all", "--out", str(out)]
-    assert main(argv) == 0
-    assert "8 tokens, 3 layers, 2 heads" in capsys.readouterr().out
+    argv = ["attention", f"pretrained={tmp_path / 'gpt2-tiny'}",
+            "prompt='Hello world, this is a test.'", f"out={out}"]
+    assert "8 tokens, 3 layers, 2 heads" in viz(*argv, "layer=all")
     with Image.open(out) as image:
         assert image.size == tuple(round(v * 100) for v in figure_layout(3, 8)[2:])
-    assert main([*argv[:-4], "--layer", "5", "--out", str(out)]) == 2
-    assert "out of range: the model has 3 layers" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="out of range: the model has 3 layers"):
+        viz(*argv, "layer=5")
 
 
 # --- a real short training run -------------------------------------------------------------
@@ -397,42 +443,34 @@ def test_run_logs_of_a_real_training_run_are_read(real_runs):
         assert run.get(TOKENS) is not None
 
 
-def test_runs_cli_on_real_runs(real_runs, tmp_path, capsys):
+def test_runs_cli_on_real_runs(real_runs, tmp_path):
     from PIL import Image
-
-    from minigpt.viz.__main__ import main
 
     out = tmp_path / "runs.png"
     dirs = [real_runs["csv"]["run_dir"], real_runs["wandb"]["run_dir"]]
-    assert main(["runs", *dirs, "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    printed = viz("runs", *dirs, f"out={out}")
     assert printed.count("best val/loss") == 2
     with Image.open(out) as image:
         assert image.size == (1600, 480)
 
 
-def test_attention_cli_on_a_real_checkpoint(real_runs, tmp_path, capsys):
+def test_attention_cli_on_a_real_checkpoint(real_runs, tmp_path):
     from PIL import Image
-
-    from minigpt.viz.__main__ import main
 
     out = tmp_path / "heads.png"
     ckpt = real_runs["csv"]["last"]
-    assert main(["attention", "--ckpt-path", ckpt, "--prompt", "ROMEO:\nO, she doth teach",
-                 "--layer", "1", "--out", str(out)]) == 0
-    assert "24 tokens, 2 layers, 2 heads" in capsys.readouterr().out  # characters
+    assert "24 tokens, 2 layers, 2 heads" in viz(  # characters
+        "attention", f"ckpt_path={ckpt}", "prompt='ROMEO:\nO, she doth teach'", "layer=1",
+        f"out={out}")
     with Image.open(out) as image:
         assert image.size == tuple(round(v * 100) for v in figure_layout(2, 24)[2:])
-    assert main(["attention", "--ckpt-path", ckpt, "--prompt", "x" * 33, "--out", str(out)]) == 2
-    assert "the prompt is 33 tokens; the model sees at most context_length=32" in (
-        capsys.readouterr().err)
+    with pytest.raises(ValueError, match="the prompt is 33 tokens; the model sees at most "
+                       "context_length=32"):
+        viz("attention", f"ckpt_path={ckpt}", "prompt=" + "x" * 33, f"out={out}")
 
 
-def test_attention_cli_without_a_checkpoint_says_where_it_looked(tmp_path, monkeypatch, capsys):
-    from minigpt.viz.__main__ import main
-
+def test_attention_cli_without_a_checkpoint_says_where_it_looked(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(["attention", "--out", str(tmp_path / "x.png")]) == 2
-    err = capsys.readouterr().err
-    assert "looked for last.ckpt under" in err and "--ckpt-path PATH or --pretrained DIR" in err
+    with pytest.raises(FileNotFoundError, match="looked for last.ckpt under .*ckpt_path="):
+        viz("attention", f"out={tmp_path / 'x.png'}")
     assert not (tmp_path / "x.png").exists()

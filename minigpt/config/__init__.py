@@ -22,11 +22,13 @@ from minigpt.config.schema import (
     SampleSchema,
     TrainerSchema,
     TrainSchema,
+    VizSchema,
     register_schemas,
 )
 
 __all__ = ["ConfigKeyError", "EvalCommandSchema", "EvalSchema", "GenerateSchema", "ModelSchema",
-           "OptimSchema", "PrepareSchema", "SampleSchema", "TrainSchema", "TrainerSchema", "added_unknown_keys",
+           "OptimSchema", "PrepareSchema", "SampleSchema", "TrainSchema", "TrainerSchema", "VizSchema",
+           "added_unknown_keys",
            "check_keys", "closest_key", "config_errors", "describe_config_error",
            "register_schemas", "schema_keys", "settings_problems", "train_problems", "typed",
            "unknown_keys"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from minigpt.config.reports import check_keys
-from minigpt.config.schema import EvalCommandSchema, GenerateSchema, TrainSchema
+from minigpt.config.schema import EvalCommandSchema, GenerateSchema, TrainSchema, VizSchema
 from minigpt.data.config import DATA_RULES
 from minigpt.devices import DTYPES
 from minigpt.eval.registry import TASKS
@@ -86,8 +86,14 @@ EVAL_COMMAND_RULES: dict[str, Rule] = {
     "batch_size": AT_LEAST_1, "max_gen_toks": AT_LEAST_1, "limit": AT_LEAST_1,
     "num_fewshot": AT_LEAST_0,
 }
+VIZ_RULES: dict[str, Rule] = {
+    "command": OneOf(("attention", "runs")), "dtype": OneOf(DTYPES),
+    "cpu_speedups": OneOf(("auto", False)),
+    "layer": Satisfies(lambda v: v == "all" or isinstance(v, int) and not isinstance(v, bool)
+                       and v >= 0, "a layer index (0, 1, ...) or all"),
+}
 RULES = {TrainSchema: TRAIN_RULES, GenerateSchema: GENERATE_RULES,
-         EvalCommandSchema: EVAL_COMMAND_RULES}
+         EvalCommandSchema: EVAL_COMMAND_RULES, VizSchema: VIZ_RULES}
 
 
 def typed(cfg: Any, schema: type):

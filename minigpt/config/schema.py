@@ -223,17 +223,41 @@ class EvalCommandSchema:
     max_gen_toks: int = 256  # harness: tokens generated when a task sets no limit
 
 
+@dataclass
+class VizSchema:
+    """``configs/viz.yaml`` (``python -m minigpt.viz attention|runs``)."""
+
+    command: str = "attention"  # attention | runs (the first argument sets it)
+    out: str | None = None  # the PNG to write; null: <command>.png
+    # attention: heatmaps of a model's attention weights over a prompt
+    ckpt_path: str | None = None  # a .ckpt file; null: the newest last.ckpt under checkpoints_root
+    checkpoints_root: str = "outputs"
+    pretrained: str | None = None  # a Hugging Face GPT-2 directory instead of a checkpoint
+    prompt: str | None = None  # the text looked at; null: the opening line of Coriolanus
+    prompt_file: str | None = None  # read the prompt from this file instead
+    layer: Any = 0  # a layer index (one heatmap per head), or all (one per layer, mean of heads)
+    cpu_speedups: Any = "auto"  # auto | false: oneDNN-packed linear weights on the CPU
+    device: str = "auto"  # auto: cuda if available, else cpu
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (minigpt/devices.py's rule)
+    # runs: loss, learning rate and tokens/s of training runs
+    runs: list[str] = field(default_factory=list)  # run directories (with a CSV or wandb log)
+    labels: list[str] | None = None  # legend names, one per run; null: the paths
+    title: str | None = None  # the figure's title
+
+
 # (group, schema): each group's YAML files start with `defaults: [schema]`.
 GROUP_SCHEMAS = (("model", ModelSchema), ("data", DataSchema), ("optim", OptimSchema),
                  ("trainer", TrainerSchema), ("logger", LoggerSchema))
 # (name, schema) of the primary configs, named first in train/prepare/generate/eval.yaml.
 PRIMARY_SCHEMAS = (("train_schema", TrainSchema), ("prepare_schema", PrepareSchema),
-                   ("generate_schema", GenerateSchema), ("eval_schema", EvalCommandSchema))
+                   ("generate_schema", GenerateSchema), ("eval_schema", EvalCommandSchema),
+                   ("viz_schema", VizSchema))
 
 
 def register_schemas() -> None:
     """Store every schema in Hydra's ``ConfigStore`` (idempotent): ``<group>/schema`` and the
-    primary configs' ``train_schema``, ``prepare_schema``, ``generate_schema``, ``eval_schema``.
+    primary configs' ``train_schema``, ``prepare_schema``, ``generate_schema``, ``eval_schema``,
+    ``viz_schema``.
     Entry points call it before composing, as must anything that composes ``configs/`` itself
     (Hydra's compose API in tests or notebooks)."""
     from hydra.core.config_store import ConfigStore

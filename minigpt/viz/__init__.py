@@ -5,7 +5,8 @@
 * ``load_run(run_dir)`` reads a run's metrics from Lightning's CSV log or wandb's offline file;
   ``plot_runs`` draws loss against tokens seen, the learning rate and tokens/s for several runs.
 
-Command line: ``python -m minigpt.viz attention ...`` and ``python -m minigpt.viz runs ...``.
+Command line: ``python -m minigpt.viz attention ...`` and ``python -m minigpt.viz runs ...``
+(configs/viz.yaml).
 matplotlib (a default dependency) is imported only when a figure is drawn.
 """
 

@@ -1,119 +1,157 @@
-"""``python -m minigpt.viz``: attention maps of a model, and plots of training runs.
+"""``python -m minigpt.viz attention|runs [key=value ...]`` (see configs/viz.yaml): attention
+maps of a model, and plots of training runs.
 
-    python -m minigpt.viz attention --ckpt-path outputs/.../checkpoints/last.ckpt --prompt "..." \\
-        --layer 0 --out heads.png
-    python -m minigpt.viz attention --pretrained path/to/gpt2 --prompt "..." --layer all
-    python -m minigpt.viz runs outputs/RUN_A outputs/RUN_B --out runs.png
+    python -m minigpt.viz attention ckpt_path=outputs/.../checkpoints/last.ckpt prompt="..." \\
+        layer=0 out=heads.png
+    python -m minigpt.viz attention pretrained=path/to/gpt2 prompt="..." layer=all
+    python -m minigpt.viz runs outputs/RUN_A outputs/RUN_B labels=A,B out=runs.png
 
-argparse, not Hydra: these commands read existing files named on the command line (a variable
-number of run directories), compose no config and should not create a Hydra output directory
-of their own inside ``outputs/``, where the run plots look for runs.
+A thin Hydra entry point, as generate.py and ``python -m minigpt.eval``: the first argument is
+the command (``command=``), the arguments after ``runs`` that are not ``key=value`` are run
+directories (``runs=[...]``), and ``runs=a,b`` / ``labels=a,b`` are taken as lists. A utility,
+not a run: Hydra neither changes directory nor writes outputs/ or logs here, where the run
+plots look for runs.
 """
 
 from __future__ import annotations
 
-import argparse
+import difflib
 import sys
 from pathlib import Path
 
-from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
+import hydra
+from omegaconf import DictConfig
+
+from minigpt.config import VizSchema, config_errors, register_schemas, settings_problems, typed
+from minigpt.errors import ConfigError
 
 DEFAULT_PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak."
+COMMANDS = ("attention", "runs")
+LIST_KEYS = ("runs", "labels")  # key=a,b is the list [a, b]
+# The options of the argparse command line this one replaced, by their key now.
+OLD_OPTIONS = {f"--{key.replace('_', '-')}": key for key in (
+    "ckpt_path", "pretrained", "prompt", "prompt_file", "layer", "out", "cpu_speedups", "device",
+    "dtype", "labels", "title")}
+
+register_schemas()  # configs/viz.yaml names its schema (minigpt/config/schema.py)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        return args.command(args)
-    except (UserError, ValueError, OSError) as e:  # bad input: one line, as every entry point
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return USER_ERROR_EXIT_CODE
+def run(cfg: VizSchema | DictConfig) -> str:
+    """Draw what ``cfg.command`` says into ``cfg.out`` and return the report printed for it.
+    ``cfg``: the typed config (a composed one is converted)."""
+    cfg = typed(cfg, VizSchema)
+    _check_options(cfg)
+    return attention(cfg) if cfg.command == "attention" else runs(cfg)
 
 
-def attention(args) -> int:
+def attention(cfg: VizSchema) -> str:
+    from minigpt.files import text_lines
     from minigpt.viz.attention_maps import write_attention_map
 
-    model, tokenizer, source = _load_model(args)
-    prompt = Path(args.prompt_file).read_text() if args.prompt_file else args.prompt
-    print(write_attention_map(model, tokenizer, tokenizer.encode(prompt), args.out, args.layer,
-                              source))
-    return 0
+    model, tokenizer, source = _load_model(cfg)
+    if cfg.prompt_file is not None:  # binary or undecodable content: named by file and line
+        prompt = "".join(line for _, line in text_lines(cfg.prompt_file))
+    else:
+        prompt = DEFAULT_PROMPT if cfg.prompt is None else cfg.prompt
+    return write_attention_map(model, tokenizer, tokenizer.encode(prompt),
+                               cfg.out or "attention.png", cfg.layer, source)
 
 
-def runs(args) -> int:
+def runs(cfg: VizSchema) -> str:
     from minigpt.viz.run_plots import load_run, plot_runs, summary
 
-    labels = args.labels or [None] * len(args.run_dirs)
-    if len(labels) != len(args.run_dirs):
-        raise ValueError(f"{len(labels)} labels for {len(args.run_dirs)} run directories")
-    loaded = [load_run(d, name) for d, name in zip(args.run_dirs, labels, strict=True)]
-    for run in loaded:
-        print(summary(run))
-    width, height = plot_runs(loaded, args.out, args.title)
-    print(f"wrote {args.out} ({width}x{height} px, {len(loaded)} runs)")
-    return 0
+    labels = cfg.labels or [None] * len(cfg.runs)
+    loaded = [load_run(d, name) for d, name in zip(cfg.runs, labels, strict=True)]
+    out = cfg.out or "runs.png"
+    width, height = plot_runs(loaded, out, cfg.title)
+    return "\n".join([*map(summary, loaded), f"wrote {out} ({width}x{height} px, "
+                                               f"{len(loaded)} runs)"])
 
 
-def _load_model(args):
-    """(model, tokenizer, description) from --pretrained, --ckpt-path, or the newest checkpoint,
-    on --device in --dtype (``minigpt.inference``, as generate.py loads), with the decoding
-    speedups on the CPU (the maps and decoding agree within the weights' rounding)."""
+def _check_options(cfg: VizSchema) -> None:
+    """Every bad value at once: the schema's types and rules, then the rules across fields."""
+    problems = settings_problems(cfg)
+    if cfg.ckpt_path is not None and cfg.pretrained is not None:
+        problems.append("give ckpt_path or pretrained, not both")
+    if cfg.prompt is not None and cfg.prompt_file is not None:
+        problems.append("give prompt or prompt_file, not both")
+    if cfg.command == "runs" and not cfg.runs:
+        problems.append("runs needs run directories: python -m minigpt.viz runs outputs/<run> ...")
+    if cfg.command == "runs" and cfg.labels is not None and len(cfg.labels) != len(cfg.runs):
+        problems.append(f"{len(cfg.labels)} labels for {len(cfg.runs)} run directories: give "
+                        "one label per run")
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def _load_model(cfg: VizSchema):
+    """(model, tokenizer, description) from ``pretrained``, ``ckpt_path``, or the newest
+    checkpoint, on ``device`` in ``dtype`` (``minigpt.inference``, as generate.py loads), with
+    the decoding speedups on the CPU (the maps and decoding agree within the weights'
+    rounding)."""
     from minigpt.inference import load_for_inference
 
-    try:
-        loaded = load_for_inference(args.ckpt_path, args.pretrained, device=args.device,
-                                    dtype=args.dtype)
-    except FileNotFoundError as e:  # its hint names generate.py's options; name ours
-        if args.ckpt_path or args.pretrained:
-            raise
-        where = str(e).split(";")[0]
-        raise FileNotFoundError(f"{where}; train one with `python train.py`, or pass "
-                                "--ckpt-path PATH or --pretrained DIR") from None
-    applied = loaded.place(cpu_speedups=args.cpu_speedups != "false")
+    loaded = load_for_inference(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root,
+                                device=cfg.device, dtype=cfg.dtype)
+    applied = loaded.place(cpu_speedups=cfg.cpu_speedups is not False)
     print(f"{loaded.describe()}; cpu speedups: {', '.join(applied) or 'none apply'}",
           file=sys.stderr)
     source = loaded.source
-    return loaded.model, loaded.tokenizer, Path(source).name if args.ckpt_path else source
+    return loaded.model, loaded.tokenizer, Path(source).name if cfg.ckpt_path else source
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m minigpt.viz",
-        description="Attention maps of a model, and plots of training runs (PNG files).")
-    sub = parser.add_subparsers(required=True, metavar="{attention,runs}")
+def viz_arguments(argv: list[str]) -> list[str]:
+    """``runs A B labels=x,y`` -> ``command=runs runs=['A','B'] labels=['x','y']``: the command
+    first, run directories after ``runs``, comma lists for ``runs=`` and ``labels=``. An option
+    of the argparse command line this one replaced is one ``ConfigError`` naming its key."""
+    args = list(argv)
+    for arg in args:
+        if arg.split("=")[0] in OLD_OPTIONS:
+            key = OLD_OPTIONS[arg.split("=")[0]]
+            raise ConfigError(f"{arg.split('=')[0]}: python -m minigpt.viz takes key=value "
+                              f"settings (configs/viz.yaml): write {key}=...")
+    if args and "=" not in args[0] and not args[0].startswith("-") and args[0] not in COMMANDS:
+        near = difflib.get_close_matches(args[0], COMMANDS, n=1, cutoff=0.6)
+        raise ConfigError(f"unknown command {args[0]!r}: " + (
+            f"did you mean {near[0]}?" if near else "python -m minigpt.viz attention|runs ..."))
+    directories = []
+    if args and args[0] in COMMANDS:
+        args[0] = f"command={args[0]}"
+        if args[0] == "command=runs":
+            while len(args) > 1 and "=" not in args[1] and not args[1].startswith("-"):
+                directories.append(args.pop(1))
+    lists = {key: [] for key in LIST_KEYS}
+    lists["runs"] = directories
+    rest = []
+    for arg in args:
+        key, _, value = arg.partition("=")
+        if key in LIST_KEYS and value and not value.startswith(("[", "'", '"')):
+            lists[key] += value.split(",")
+        else:
+            rest.append(arg)
+    return rest + [f"{key}=[{','.join(map(_quoted, values))}]"
+                   for key, values in lists.items() if values]
 
-    p = sub.add_parser("attention", help="heatmaps of a model's attention weights for a prompt")
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--ckpt-path",
-                        help="a training checkpoint (default: the newest under outputs/)")
-    source.add_argument("--pretrained", help="a Hugging Face GPT-2 directory")
-    prompt = p.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt", default=DEFAULT_PROMPT,
-                        help="text to look at (default: the opening line of Coriolanus)")
-    prompt.add_argument("--prompt-file", help="read the prompt from this file")
-    p.add_argument("--layer", default="0",
-                   help="a layer index: one heatmap per head; or 'all': one per layer, mean of "
-                        "heads (default: 0)")
-    p.add_argument("--out", default="attention.png", help="PNG to write (default: attention.png)")
-    p.add_argument("--cpu-speedups", choices=("auto", "false"), default="auto",
-                   help="on the CPU, oneDNN-packed linear weights (minigpt.cpu; default: auto)")
-    p.add_argument("--device", default="auto",
-                   help="cpu, cuda, cuda:N, mps; auto: cuda if there is a GPU (default: auto)")
-    p.add_argument("--dtype", default="auto",
-                   help="the weights' type: float32, bfloat16, float16; auto: bfloat16 where the "
-                        "hardware multiplies it natively, float16 on older GPUs, else float32 "
-                        "(default: auto)")
-    p.set_defaults(command=attention)
 
-    p = sub.add_parser("runs", help="loss, learning rate and tokens/s of one or more runs")
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
-                   help="a run directory (Hydra's, under outputs/) with a CSV or wandb log")
-    p.add_argument("--labels", nargs="+", help="legend names, one per run (default: the paths)")
-    p.add_argument("--title", help="figure title")
-    p.add_argument("--out", default="runs.png", help="PNG to write (default: runs.png)")
-    p.set_defaults(command=runs)
-    return parser
+def _quoted(value: str) -> str:
+    """``value`` as a quoted string of Hydra's override grammar."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@hydra.main(config_path="../../configs", config_name="viz", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from minigpt.errors import command_line_errors
+
+    # Bad input: one line and exit status 2 (user errors, missing or unreadable files and
+    # logs); other exceptions are bugs and keep their traceback.
+    with command_line_errors(ValueError, OSError):
+        print(run(typed(cfg, VizSchema)))  # the typed config, from here on
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from minigpt.errors import one_line_errors
+
+    with one_line_errors():
+        sys.argv[1:] = viz_arguments(sys.argv[1:])
+    with config_errors(VizSchema):  # a bad key or value while composing: one line, status 2
+        main()
