@@ -11,6 +11,7 @@ model (float32, on the CPU); ``LoadedModel.place`` puts it on its device in its 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +50,12 @@ class LoadedModel:
             return contextlib.nullcontext()
         return torch.autocast(torch.device(self.device).type, self.dtype)
 
+    def scoring_autocast(self) -> Callable[[], contextlib.AbstractContextManager] | None:
+        """For a model placed with float32 weights (``place(cast_weights=False)``), as scoring
+        runs it: the autocast each forward pass runs in to compute in ``dtype``, as training's
+        evaluation does under mixed precision; ``None`` for float32."""
+        return None if self.dtype == torch.float32 else self.autocast
+
     def describe(self) -> str:
         """One line: source, size, tokenizer, context, device and dtype."""
         return (f"{self.source}: {self.model.num_params() / 1e6:.2f}M parameters, tokenizer "
@@ -69,6 +76,17 @@ def load_for_inference(ckpt_path=None, pretrained=None, checkpoints_root="output
         raise UserError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens but the "
                         f"model only {model.config.vocab_size}")
     return LoadedModel(model, tokenizer, source, device, weights_dtype)
+
+
+def load_for_scoring(ckpt_path=None, pretrained=None, checkpoints_root="outputs", *,
+                     device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    """``load_for_inference``, placed for scoring (``python -m minigpt.eval``, the harness's
+    ``MiniGPTLM``): float32 weights on the device, forward passes under
+    ``scoring_autocast()``."""
+    loaded = load_for_inference(ckpt_path, pretrained, checkpoints_root, device=device,
+                                dtype=dtype)
+    loaded.place(cast_weights=False)
+    return loaded
 
 
 def place_model(model: GPT, device: str, dtype: torch.dtype, cpu_speedups: bool = True, *,

@@ -141,3 +141,41 @@ def test_every_command_line_checks_the_device_the_same_way(char_ckpt, device, me
         lines = result.stderr.splitlines()
         assert result.returncode == 2, (command, result.stderr[-2000:])
         assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), (command, lines)
+
+
+@pytest.mark.parametrize("device", ["banana", "cuda:99"])
+def test_the_harness_model_checks_the_device_as_generate_does(char_ckpt, device):
+    """lm-eval builds ``MiniGPTLM`` from its own argument string (``--model minigpt``): the
+    same one line as ``python generate.py device=...``."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.registry import get_model
+
+    import minigpt.eval.harness  # noqa: F401 (registers the model "minigpt")
+
+    path, _ = char_ckpt
+    generate = cli("generate.py", f"ckpt_path={path}", f"device={device}")
+    assert generate.returncode == 2, generate.stderr[-2000:]
+    with pytest.raises(UserError) as error:
+        get_model("minigpt").create_from_arg_string(f"ckpt_path={path},device={device}")
+    assert [f"error: {error.value}"] == generate.stderr.splitlines()
+
+
+def test_the_harness_model_loads_in_the_shared_dtype_rule(char_ckpt):
+    """``MiniGPTLM(ckpt_path=...)``: float32 weights on the device, forward passes in the dtype
+    ``dtype=auto`` means for generate and eval on this machine (``inference_dtype``)."""
+    pytest.importorskip("lm_eval")
+    from minigpt.eval.harness import MiniGPTLM
+
+    path, model = char_ckpt
+    lm = MiniGPTLM(ckpt_path=path, device="cpu")
+    assert lm.model.lm_head.weight.dtype == FP32 and lm.device_ == "cpu"
+    torch.testing.assert_close(lm.model.lm_head.weight, model.lm_head.weight)
+    expected = inference_dtype("auto", "cpu")
+    if expected == FP32:
+        assert lm.autocast is None
+    else:
+        with lm.autocast():
+            assert torch.get_autocast_dtype("cpu") == expected and torch.is_autocast_enabled("cpu")
+    assert MiniGPTLM(ckpt_path=path, device="cpu", dtype="float32").autocast is None
+    with MiniGPTLM(ckpt_path=path, device="cpu", dtype="bfloat16").autocast():
+        assert torch.get_autocast_dtype("cpu") == BF16

@@ -32,22 +32,26 @@ except ImportError as e:  # the extra is optional; say how to get it instead of 
 @register_model("minigpt")
 class MiniGPTLM(TemplateLM):
     """A minigpt ``GPT`` and its tokenizer as an lm-eval model: give ``model`` and ``tokenizer``,
-    or ``ckpt_path``/``pretrained`` (as ``python -m minigpt.eval`` takes them).
+    or ``ckpt_path``/``pretrained`` (as ``python -m minigpt.eval`` takes them), read by the one
+    inference loader (``minigpt.inference.load_for_scoring``: ``device`` checked, ``dtype=auto``
+    as everywhere, a bad value one ``UserError`` line).
 
     ``batch_size``: rows per forward pass; ``autocast``: a function returning the context each
-    forward pass runs in (``None``: the model's own dtype); ``max_gen_toks``: the default length
-    of a generation when a task sets none.
+    forward pass runs in (``None``: the model's own dtype; a loaded model: ``dtype``'s);
+    ``max_gen_toks``: the default length of a generation when a task sets none.
     """
 
     def __init__(self, model=None, tokenizer=None, *, ckpt_path=None, pretrained=None,
-                 batch_size: int = 16, device: str = "cpu",
+                 batch_size: int = 16, device: str = "cpu", dtype: str = "auto",
                  autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
                  max_gen_toks: int = 256):
         super().__init__()
         if model is None:
-            from minigpt.checkpoint import load_model
+            from minigpt.inference import load_for_scoring
 
-            model, tokenizer, _ = load_model(ckpt_path, pretrained)
+            loaded = load_for_scoring(ckpt_path, pretrained, device=device, dtype=dtype)
+            model, tokenizer, device = loaded.model, loaded.tokenizer, loaded.device
+            autocast = autocast or loaded.scoring_autocast()
         elif tokenizer is None:
             raise ValueError("MiniGPTLM needs the model's tokenizer with the model")
         self.model, self.tokenizer_ = model.to(device).eval(), tokenizer

@@ -70,14 +70,13 @@ def _load(cfg: DictConfig):
     """``(model, tokenizer, source, device, autocast)``: the model on its device with float32
     weights, and the autocast its forward passes run in to compute in ``cfg.dtype`` (``None``:
     float32), as training's evaluation does under mixed precision."""
-    from minigpt.inference import load_for_inference
+    from minigpt.inference import load_for_scoring
 
-    loaded = load_for_inference(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root,
-                                device=cfg.device, dtype=cfg.dtype)
-    loaded.place(cast_weights=False)
+    loaded = load_for_scoring(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root,
+                              device=cfg.device, dtype=cfg.dtype)
     print(loaded.describe(), file=sys.stderr, flush=True)
-    autocast = loaded.autocast if loaded.dtype_name != "float32" else None
-    return loaded.model, loaded.tokenizer, loaded.source, loaded.device, autocast
+    return (loaded.model, loaded.tokenizer, loaded.source, loaded.device,
+            loaded.scoring_autocast())
 
 
 def _task_list(tasks) -> list[str]:
