@@ -10,15 +10,13 @@ Shape letters: B batch, T tokens.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable
 
-import torch
 from lightning.fabric import Fabric
 from torch import Tensor, nn
 
 from bench.recipe_configs import optim_settings
-from minigpt.train.loop import ModelWithLoss, optimizer_step
+from minigpt.train.loop import ModelWithLoss, clip_gradients, optimizer_step
 from minigpt.train.optim import build_optimizers, schedule_for
 from tests.oracles import logits_cross_entropy
 
@@ -53,13 +51,12 @@ def loop_step(model: nn.Module, optim: dict | None = None, *, precision: str = "
     built = build_optimizers(module, optim, fused=fused)
     schedulers = {name: schedule_for(o, optim) for name, o in built.items()}
     optimizers = {name: fabric.setup_optimizers(o) for name, o in built.items()}
-    max_norm = optim.get("grad_clip") or math.inf
 
-    def clip_gradients() -> Tensor:  # the loop's clipping on one device, not under fp16
-        return torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm,
-                                              error_if_nonfinite=False)
+    def clip() -> Tensor:  # the loop's clipping, on one device
+        return clip_gradients(fabric, module, optimizers["optimizer"], optim.get("grad_clip"),
+                              by_fabric=precision.startswith("16"))
 
     def step(x: Tensor, y: Tensor) -> Tensor:
         return optimizer_step(fabric, module, optimizers, schedulers, iter([(x, y)]),
-                              clip_gradients=clip_gradients)[0]
+                              clip_gradients=clip)[0]
     return step

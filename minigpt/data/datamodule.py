@@ -27,9 +27,10 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from minigpt.data.bos import document_starts, draw_rows, packed_row_starts, row_pool
 from minigpt.data.config import DataConfig, DataError
 from minigpt.data.epochs import batch_positions, epoch_rows, window_rows
-from minigpt.data.prepare import fingerprint, fingerprint_inputs, prepare_dataset
-from minigpt.data.shards import ShardStream, shards_meta
-from minigpt.data.tokens import TokenFile, load_meta
+from minigpt.data.prepare import prepare_dataset
+from minigpt.data.shards import ShardStream
+from minigpt.data.sources import source_for
+from minigpt.data.tokens import TokenFile
 from minigpt.documents import document_ids_of
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
 
@@ -52,11 +53,8 @@ def val_window_starts(n_tokens: int, context_length: int, token_budget: int) -> 
 
 def prepare_tokens(data_cfg: Any, data_root: str | Path, progress: bool = True) -> dict:
     """The meta of a run's tokens: prepared files (``prepare_dataset``: made if needed), or
-    what token shards' headers say (``shards_meta``: nothing to prepare)."""
-    config = DataConfig.from_any(data_cfg)
-    if config.source == "shards":
-        return shards_meta(config)
-    return prepare_dataset(config, data_root, progress=progress)
+    what token shards' headers say (nothing to prepare)."""
+    return prepare_dataset(DataConfig.from_any(data_cfg), data_root, progress=progress)
 
 
 class _Windows(IterableDataset):
@@ -174,19 +172,8 @@ class TokenDataModule:
 
     def _load_meta(self) -> dict:
         """The prepared meta, refusing files prepared from other sources or settings; for
-        token shards, what their headers say (``shards_meta``)."""
-        if self.config.source == "shards":
-            return shards_meta(self.config)
-        meta = load_meta(self.directory)
-        try:
-            expected = fingerprint(fingerprint_inputs(self.config))
-        except FileNotFoundError:  # the sources are not here (data copied from elsewhere): trust it
-            return meta
-        if meta["fingerprint"] != expected:
-            raise DataError(f"{self.directory} was prepared from other sources or settings than "
-                            f"data={self.config.name} has now; prepare it again (prepare_data(), or "
-                            f"python -m minigpt.data data={self.config.name})")
-        return meta
+        token shards, what their headers say (the source's ``stored_meta``)."""
+        return source_for(self.config).stored_meta(self.config, self.directory)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -240,10 +227,8 @@ class TokenDataModule:
 
     def split_tokens(self, split: str) -> TokenFile | ShardStream:
         """One split's token stream: the prepared flat file, or the shards its glob names."""
-        if self.config.source == "shards":
-            return ShardStream.from_glob(getattr(self.config, f"{split}_shards"))
-        return TokenFile(self.directory / f"{split}.bin", self.meta["dtype"],
-                         self.meta[f"{split}_tokens"])
+        return source_for(self.config).split_tokens(self.config, self.directory, self.meta,
+                                                    split)
 
     def _loader(self, dataset: IterableDataset, persistent: bool) -> DataLoader:
         workers = self.config.num_workers

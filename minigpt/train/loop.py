@@ -62,6 +62,22 @@ class ModelWithLoss(nn.Module):
         return self.loss(idx, targets, document_ids=document_ids)
 
 
+def clip_gradients(fabric: Fabric, module, optimizer, grad_clip: float | None, *,
+                   by_fabric: bool) -> torch.Tensor:
+    """Clip the global gradient norm of ``module`` at ``grad_clip`` (none: inf); return the norm
+    before clipping, on the device. ``error_if_nonfinite=True`` would read it back to the host.
+    ``by_fabric``: FSDP or fp16 precision, where Fabric clips (``optimizer``: the one optimizer
+    such a run has)."""
+    max_norm = grad_clip or math.inf
+    if by_fabric:  # Fabric's: the norm over all of FSDP's shards; fp16 gradients unscaled first
+        return fabric.clip_gradients(module, optimizer, max_norm=max_norm,
+                                     error_if_nonfinite=False)
+    # The same clipping Fabric does elsewhere, summed in the model's parameter order (not the
+    # optimizer groups'): the clip factor then rounds alike whatever the optimizers, and a run
+    # reproduces the earlier Trainer-based runs to the last bit.
+    return torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm, error_if_nonfinite=False)
+
+
 def optimizer_step(fabric: Fabric, module: nn.Module, optimizers: dict, schedulers: dict,
                    batches, *, accumulate: int = 1, clip_gradients: Callable[[], torch.Tensor],
                    loop: Loop | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -157,19 +173,10 @@ class Loop:
         return loss, grad_norm
 
     def clip_gradients(self) -> torch.Tensor:
-        """Clip the global gradient norm (``optim.grad_clip``; none: inf); return the norm before
-        clipping, on the device. ``error_if_nonfinite=True`` would read it back to the host."""
-        max_norm = self.settings.optim.grad_clip or math.inf
-        if self.plan.fsdp or self.plan.precision.startswith("16"):
-            # Fabric's: the norm over all of FSDP's shards; fp16 gradients unscaled first
-            # (neither runs with several optimizers).
-            return self.fabric.clip_gradients(self.module, self.optimizers["optimizer"],
-                                              max_norm=max_norm, error_if_nonfinite=False)
-        # The same clipping Fabric does elsewhere, summed in the model's parameter order (not
-        # the optimizer groups'): the clip factor then rounds alike whatever the optimizers, and a
-        # run reproduces the earlier Trainer-based runs to the last bit.
-        return torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm,
-                                              error_if_nonfinite=False)
+        """``clip_gradients`` at ``optim.grad_clip``, as this run's plan needs it."""
+        return clip_gradients(self.fabric, self.module, self.optimizers["optimizer"],
+                              self.settings.optim.grad_clip,
+                              by_fabric=self.plan.fsdp or self.plan.precision.startswith("16"))
 
     # ---- the run --------------------------------------------------------------------------------
     def fit(self) -> Progress:
