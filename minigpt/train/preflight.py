@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 
 from minigpt.errors import ResourceError, first_line
 from minigpt.model import GPTConfig
+from minigpt.train.activation_checkpointing import ActivationCheckpointing
 
 GiB = 1 << 30
 # Activations each block keeps for backward, in elements per token and per unit of C: LayerNorm
@@ -23,23 +24,31 @@ GiB = 1 << 30
 # the MLP's input, hidden pre- and post-GELU (1 + 4 + 4) - a few more counting SDPA's saved
 # output. The scores are never stored (SDPA), so there is no T x T term.
 ACTIVATION_ELEMENTS_PER_C = 18
+# What a block keeps per activation checkpointing mode (minigpt.train.activation_checkpointing):
+# all of the above; its input only (blocks); its input and the outputs of its matmuls and
+# attention (selective: input 1, q/k/v 3, attention 1, out_proj 1, MLP hidden 4 and output 1).
+KEPT_ELEMENTS_PER_C = {"none": ACTIVATION_ELEMENTS_PER_C, "blocks": 1, "selective": 11}
 # Rows of logits per chunk in minigpt.cpu.loss (its _CHUNK_ELEMENTS / V).
 LOSS_CHUNK_ELEMENTS = 1 << 25
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes one training step needs at its peak, by kind."""
+    """Bytes one training step needs, by kind, and at its peak (``total``)."""
 
     weights: int
     gradients: int
     optimizer: int
-    activations: int
+    activations: int  # kept for backward, and one block's worth live in it
     loss: int
+    backward_end: int  # held beside the gradients as backward ends
 
     @property
     def total(self) -> int:
-        return sum(getattr(self, f.name) for f in fields(self))
+        """Gradients fill in as backward frees the activations, so a step peaks as backward
+        starts (every kept activation, the loss's buffers) or as it ends (every gradient)."""
+        return self.weights + self.optimizer + max(self.activations + self.loss,
+                                                   self.gradients + self.backward_end)
 
     def describe(self) -> str:
         parts = ", ".join(f"{f.name} {getattr(self, f.name) / GiB:.2f}" for f in fields(self))
@@ -71,14 +80,15 @@ def num_parameters(n_layer: int, n_embd: int, vocab_size: int, context_length: i
 def estimate_training_memory(model: GPTConfig | dict, batch_size: int, *,
                              precision: str = "32-true", chunked_loss: bool = False,
                              shards: int = 1,
-                             activation_checkpointing: bool = False) -> MemoryEstimate:
+                             activation_checkpointing: str = "none") -> MemoryEstimate:
     """Peak bytes of one forward + backward + AdamW step of a ``GPTConfig`` (or a dict of some
     of its fields, the rest at their defaults).
 
     ``precision``: Lightning's name (``32-true``, ``bf16-mixed``, ``16-mixed``, ``bf16-true``).
     ``shards``: processes that FSDP shards weights, gradients and optimizer state over.
     ``chunked_loss``: the LM-head loss of ``minigpt.cpu`` (no full logits) instead of plain
-    cross-entropy on (B, T, V) logits."""
+    cross-entropy on (B, T, V) logits. ``activation_checkpointing``: ``none``, ``blocks`` or
+    ``selective`` (``trainer.activation_checkpointing``), on any strategy."""
     m = model if isinstance(model, GPTConfig) else GPTConfig(**model)
     L, C, V, T = m.n_layer, m.n_embd, m.vocab_size, m.context_length
     P = num_parameters(L, C, V, T, m.position, m.kv_heads / m.n_head, norm=m.norm,
@@ -93,13 +103,17 @@ def estimate_training_memory(model: GPTConfig | dict, batch_size: int, *,
     gradients = P * weight_bytes // shards
     optimizer = 2 * P * weight_bytes // shards  # AdamW: first and second moments
     per_layer = tokens * ACTIVATION_ELEMENTS_PER_C * C * act_bytes
-    if activation_checkpointing:  # each block's input, plus one block recomputed in backward
-        activations = L * tokens * C * act_bytes + per_layer
-    else:
-        activations = (L + 1) * per_layer  # + the gradient of one layer's worth in backward
+    kept = tokens * KEPT_ELEMENTS_PER_C[ActivationCheckpointing(activation_checkpointing)] * C \
+        * act_bytes
+    # what every block keeps, plus one block's worth live in backward: its gradients, or its
+    # recomputed activations
+    activations = L * kept + per_layer
     activations += 4 * tokens * C * 4  # embeddings, final LayerNorm (float32), its gradient
     loss = _loss_bytes(tokens, C, V, act_bytes, chunked_loss)
-    return MemoryEstimate(weights, gradients, optimizer, activations, loss)
+    # as backward ends: the first block's activations and, with the chunked loss, the head's
+    # own (V, C) gradient before it joins the tied embedding's
+    backward_end = per_layer + (V * C * 4 if chunked_loss else 0)
+    return MemoryEstimate(weights, gradients, optimizer, activations, loss, backward_end)
 
 
 def _loss_bytes(tokens: int, C: int, V: int, act_bytes: int, chunked: bool) -> int:
@@ -171,7 +185,7 @@ def check_run_fits(plan, model: dict) -> None:
         model, plan.batch.batch_size, precision=plan.precision,
         chunked_loss=plan.chunked_loss,
         shards=plan.world_size if plan.fsdp else 1,
-        activation_checkpointing=plan.fsdp and plan.activation_checkpointing,
+        activation_checkpointing=plan.activation_checkpointing,
     )
     available, where = available_memory(plan.accelerator,
                                         processes if plan.accelerator == "cpu" else 1)
