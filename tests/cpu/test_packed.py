@@ -132,3 +132,21 @@ def test_decoding_never_reads_cache_slots_it_has_not_written(monkeypatch):
 
     monkeypatch.setattr(model, "new_kv_cache", poisoned)
     assert torch.equal(generate(model, idx, 30, temperature=0), expected)  # crops at 24 too
+
+
+def test_traceable_layouts_leave_onednn_out_and_compile(fake_timings):
+    """``traceable``: oneDNN's packed layout (which torch.compile cannot trace) is never picked;
+    the next-fastest layout is, and the compiled fixed-shape step decodes the uncached tokens."""
+    from minigpt.static_decoding import StaticDecoder
+
+    fake_timings(decode={"plain": 1.0, "mkl": 0.8, "onednn": 0.5})
+    model = tiny_model()
+    idx = torch.tensor([[1, 2, 3]])
+    expected = generate(model, idx, 30, temperature=0, use_cache=False)
+    applied = speed_up_decoding(model, traceable=True)
+    assert applied == [f"(in, out) MKL float32 weights (9: {', '.join(f'{s} x1.25' for s in SHAPES)}"
+                       "; measured)"]
+    assert speed_up_decoding(tiny_model(), torch.bfloat16, traceable=True) == []
+    torch._dynamo.reset()
+    decoder = StaticDecoder(model, 1, compile=True, capacity=33)
+    assert torch.equal(generate(model, idx, 30, temperature=0, decoder=decoder), expected)
