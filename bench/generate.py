@@ -21,8 +21,9 @@ shape the layout this machine reads fastest, from ``minigpt.cpu.tuning``'s timin
 (``minigpt.static_decoding``, over the tuned model, eager here: it attends over its whole
 cache, sized to prompt + new tokens), "compiled" what ``generate.py decoder=compiled`` runs on
 the CPU (``--compiled``: that step compiled by inductor over the tuned layouts it can trace;
-its compile time is printed apart); "no cache" reruns the window every token (fewer repeats);
-"bf16 weights" keeps float32 activations. All variants live in this process and are timed
+its compile time is printed apart; with bfloat16 also that step on bfloat16 weights and
+activations, as ``decoder=compiled dtype=bfloat16`` runs it); "no cache" reruns the window every
+token (fewer repeats); "bf16 weights" keeps float32 activations. All variants live in this process and are timed
 round-robin after a warm-up; medians over ``--repeats``. Wall rates are what a user sees; with
 ``--threads 1`` the CPU-time rates are not inflated by other processes on a shared machine.
 """
@@ -52,6 +53,7 @@ HF = "transformers fp32, use_cache=True"
 BOUND = "bound fp32 (one pass over the weights)"
 BOUND_BF16 = "bound bf16 weights (one pass)"
 COMPILED = "ours fp32, fixed-shape cache, compiled"
+COMPILED_BF16 = "ours bf16, fixed-shape cache, compiled"
 
 
 def main() -> None:
@@ -123,6 +125,9 @@ def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict]:
     if args.dtype != "float32":
         variants[BOUND_BF16] = (weight_pass(model, torch.bfloat16, n)[0], args.repeats)
         variants[BF16] = (ours(copy(torch.bfloat16)), args.repeats)
+        if args.compiled:  # decoder=compiled dtype=bfloat16: bf16 weights and activations
+            variants[COMPILED_BF16] = (compiled_decoding(copy().to(torch.bfloat16), ours,
+                                                         args.prompt_tokens + n), args.repeats)
     if not args.no_transformers:
         hf = _transformers_model(model)
 
@@ -233,6 +238,10 @@ def report(times, cpu, outputs, args) -> None:
         if REF in r and BF16 in r:
             print(f"  ours bf16 weights / ours fp32 tuned: {r[BF16] / r[REF]:.2f}x (target >= "
                   f"1.6x on a CPU with native bf16; the bound's ratio {r[BOUND_BF16] / r[BOUND]:.2f}x)")
+        if COMPILED in r and BF16 in r:
+            fp32 = max((REF, COMPILED), key=r.get)
+            bf16 = max((name for name in (BF16, COMPILED_BF16) if name in r), key=r.get)
+            print(f"  fastest bf16 / fastest fp32: {r[bf16] / r[fp32]:.2f}x ({bf16} / {fp32})")
 
 
 def report_shapes(layouts: dict) -> None:
