@@ -46,9 +46,10 @@ def run(cfg: GenerateSchema | DictConfig, out=sys.stdout) -> list[str]:
             raise ValueError("attention_map needs a prompt: give prompt=... or prompt_file=...")
         _info(write_attention_map(model, tokenizer, ids[0][-ctx:], cfg.attention_map,
                                   cfg.attention_layer, source))
+    # auto: compiled on a GPU; on the CPU the eager tuned decoder, as fast per token as the
+    # compiled step within a few percent and without its compile time (bench/README.md)
     compiled = cfg.decoder == "compiled" or (cfg.decoder == "auto" and device.startswith("cuda"))
-    # torch.compile cannot trace minigpt.cpu's oneDNN ops; inductor packs CPU weights itself
-    applied = loaded.place(cpu_speedups=cfg.cpu_speedups is not False and not compiled)
+    applied = loaded.place(cpu_speedups=cfg.cpu_speedups is not False, traceable=compiled)
     rows = [_prompt_window(row, tokenizer.eot_id, ctx, model.unbounded)
             for row in ids for _ in range(cfg.num_samples)]
     _info(f"{loaded.describe()}, {'compiled' if compiled else 'eager'} decoder; "
@@ -64,7 +65,8 @@ def run(cfg: GenerateSchema | DictConfig, out=sys.stdout) -> list[str]:
     if compiled:  # fixed-shape cache, one CUDA graph per token on a GPU (minigpt.static_decoding)
         from minigpt.static_decoding import StaticDecoder
 
-        decoder = StaticDecoder(model, len(rows), compile=True)
+        decoder = StaticDecoder(model, len(rows), compile=True,
+                                capacity=idx.shape[1] + cfg.max_new_tokens)
     if printer is not None:
         out.write(prompts[0])
         out.flush()

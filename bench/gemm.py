@@ -11,7 +11,8 @@ in). Medians of ``--repeats`` calls after warm-up, both kernels timed interleave
 abs difference of each oneDNN result from float64 math next to MKL's, so a faster path that
 loses precision would show. "applied" is what ``speed_up_training`` picks for that matmul of a
 layer of that shape on this machine (``minigpt.cpu.tuning``: its short start-up measurement, or
-the timings file it left): a row with "oneDNN" there and a ratio below 1 would be a speedup that
+the timings file it left), with the ratio that start-up measurement took it on ("start-up ratio",
+oneDNN / MKL at 512 rows): a row with "oneDNN" there and a ratio below 1 would be a speedup that
 slows this CPU down.
 """
 
@@ -66,13 +67,16 @@ def matmuls(x, w, dy) -> dict:
             for name, pair in matmul_kernels(x, w, dy).items()}
 
 
-def applied_kernel(d_in: int, d_out: int, matmul: str) -> str:
-    """The kernel ``speed_up_training`` uses for ``matmul`` of an (in, out) layer here."""
+def applied_kernel(d_in: int, d_out: int, matmul: str) -> tuple[str, str]:
+    """The kernel ``speed_up_training`` uses for ``matmul`` of an (in, out) layer here, and
+    why: its start-up measurement's ratio (oneDNN / MKL speed), cached or measured now."""
     layer = nn.Linear(d_in, d_out, bias=False, device="meta")
     key = train_key(layer, matmul)
     timings, cached = KernelChoices().timings(
-        [key], lambda keys: measure_matmuls({key: timed_shape(layer, matmul)}))
-    return "oneDNN" if pick(timings[key], "mkl").kernel == "onednn" else "MKL"
+        [key], lambda keys: measure_matmuls({key: timed_shape(layer, matmul)}), "mkl")
+    choice = pick(timings[key], "mkl", key in cached)
+    kernel = "oneDNN" if choice.kernel == "onednn" else "MKL"
+    return kernel, f"x{choice.ratio:.2f} {'cached' if choice.cached else 'measured'}"
 
 
 def main() -> None:
@@ -88,7 +92,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.clock} clock, float32, "
           f"median of {args.repeats}\n")
     header = (f"{'shape':<15} {'rows x in x out':>18} {'matmul':<12} {'MKL GFLOP/s':>11} "
-              f"{'oneDNN':>7} {'ratio':>6} {'applied':>7} {'MKL err':>8} {'oneDNN err':>10}")
+              f"{'oneDNN':>7} {'ratio':>6} {'applied':>7} {'start-up ratio':>16} "
+              f"{'MKL err':>8} {'oneDNN err':>10}")
     print_header(header)
     generator = torch.Generator().manual_seed(0)
     for name, (n, d_in, d_out) in SHAPES.items():
@@ -103,9 +108,10 @@ def main() -> None:
             seconds = interleaved_seconds({"mkl": mkl, "onednn": onednn}, args.warmup,
                                           args.repeats)
             rate = {k: flops / t / 1e9 for k, t in seconds.items()}
+            kernel, why = applied_kernel(d_in, d_out, matmul)
             print(f"{name:<15} {f'{n}x{d_in}x{d_out}':>18} {matmul:<12} {rate['mkl']:>11.0f} "
-                  f"{rate['onednn']:>7.0f} {rate['onednn'] / rate['mkl']:>5.2f}x "
-                  f"{applied_kernel(d_in, d_out, matmul):>7} {errors[0]:>8.1e} {errors[1]:>10.1e}")
+                  f"{rate['onednn']:>7.0f} {rate['onednn'] / rate['mkl']:>5.2f}x {kernel:>7} "
+                  f"{why:>16} {errors[0]:>8.1e} {errors[1]:>10.1e}")
     print("\nerr = max abs difference from the float64 product (operands ~N(0, 1))")
 
 

@@ -18,9 +18,12 @@ decoding. The bfloat16 rows are held against the same pass over oneDNN-packed bf
 Rows: "tuned" is what generate.py runs on the CPU (``minigpt.cpu.speed_up_decoding``: per
 shape the layout this machine reads fastest, from ``minigpt.cpu.tuning``'s timings file);
 "nn.Linear" the plain model; "fixed-shape" the decoder CUDA graphs use
-(``minigpt.static_decoding``, eager here: it attends over the whole cache), "compiled" it under
-``torch.compile`` (``--compiled``); "no cache" reruns the window every token (fewer repeats);
-"bf16 weights" keeps float32 activations. All variants live in this process and are timed
+(``minigpt.static_decoding``, over the tuned model, eager here: it attends over its whole
+cache, sized to prompt + new tokens), "compiled" what ``generate.py decoder=compiled`` runs on
+the CPU (``--compiled``: that step compiled by inductor over the tuned layouts it can trace;
+its compile time is printed apart; with bfloat16 also that step on bfloat16 weights and
+activations, as ``decoder=compiled dtype=bfloat16`` runs it); "no cache" reruns the window every
+token (fewer repeats); "bf16 weights" keeps float32 activations. All variants live in this process and are timed
 round-robin after a warm-up; medians over ``--repeats``. Wall rates are what a user sees; with
 ``--threads 1`` the CPU-time rates are not inflated by other processes on a shared machine.
 """
@@ -49,6 +52,8 @@ BF16 = "ours bf16 weights, KV cache, packed"
 HF = "transformers fp32, use_cache=True"
 BOUND = "bound fp32 (one pass over the weights)"
 BOUND_BF16 = "bound bf16 weights (one pass)"
+COMPILED = "ours fp32, fixed-shape cache, compiled"
+COMPILED_BF16 = "ours bf16, fixed-shape cache, compiled"
 
 
 def main() -> None:
@@ -87,12 +92,13 @@ def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict]:
     bound's trial timings of each layout and the layout the tuned model uses."""
     n = args.new_tokens
 
-    def copy(weights=None):
+    def copy(weights=None, traceable=False):
         m = GPT(GPTConfig()).eval()
         m.load_state_dict(model.state_dict())
         if weights is not None:
-            applied = speed_up_decoding(m, weight_dtype=weights)  # in place
-            print(f"speed_up_decoding({weights}): {', '.join(applied)}", file=sys.stderr)
+            applied = speed_up_decoding(m, weight_dtype=weights, traceable=traceable)  # in place
+            print(f"speed_up_decoding({weights}{', traceable' if traceable else ''}): "
+                  f"{', '.join(applied)}", file=sys.stderr)
         return m
 
     def ours(m, use_cache=True, decoder=None):
@@ -109,16 +115,19 @@ def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict]:
         layouts = {shape: (shape_seconds[shape], kernel) for shape, kernel in layouts.items()}
         variants[REF] = (ours(tuned), args.repeats)
         variants[PLAIN] = (ours(plain), args.repeats)
+        capacity = args.prompt_tokens + n  # sized to the generation, as generate.py does
         variants["ours fp32, fixed-shape cache, eager"] = (
-            ours(plain, decoder=StaticDecoder(plain, 1)), args.repeats)
+            ours(tuned, decoder=StaticDecoder(tuned, 1, capacity=capacity)), args.repeats)
         if args.compiled:
-            compiled = copy()
-            variants["ours fp32, fixed-shape cache, compiled"] = (
-                ours(compiled, decoder=StaticDecoder(compiled, 1, compile=True)), args.repeats)
+            variants[COMPILED] = (compiled_decoding(copy(torch.float32, traceable=True), ours,
+                                                    capacity), args.repeats)
         variants[NOCACHE] = (ours(tuned, use_cache=False), args.nocache_repeats)
     if args.dtype != "float32":
         variants[BOUND_BF16] = (weight_pass(model, torch.bfloat16, n)[0], args.repeats)
         variants[BF16] = (ours(copy(torch.bfloat16)), args.repeats)
+        if args.compiled:  # decoder=compiled dtype=bfloat16: bf16 weights and activations
+            variants[COMPILED_BF16] = (compiled_decoding(copy().to(torch.bfloat16), ours,
+                                                         args.prompt_tokens + n), args.repeats)
     if not args.no_transformers:
         hf = _transformers_model(model)
 
@@ -130,6 +139,17 @@ def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict]:
 
         variants[HF] = (hf_generate, args.repeats)
     return variants, layouts
+
+
+def compiled_decoding(model: GPT, ours, capacity: int):
+    """generate.py's ``decoder=compiled`` on the CPU: the step over a fixed-shape cache of
+    ``capacity`` slots, compiled by inductor (compiled here, timed apart and printed)."""
+    start, start_cpu = time.perf_counter(), time.process_time()
+    run = ours(model, decoder=StaticDecoder(model, 1, compile=True, capacity=capacity))
+    run(2)  # the first step compiles
+    print(f"compile time of the fixed-shape step: {time.perf_counter() - start:.1f} s wall, "
+          f"{time.process_time() - start_cpu:.1f} s CPU (not in the rates below)", file=sys.stderr)
+    return run
 
 
 @torch.no_grad()
@@ -209,12 +229,19 @@ def report(times, cpu, outputs, args) -> None:
         if REF in r:
             print(f"  ours fp32 tuned: {r[REF] / r[BOUND]:.0%} of the bound (target >= 85%)")
             print(f"  ours fp32 cached / no cache: {r[REF] / r[NOCACHE]:.1f}x")
+        if COMPILED in r:
+            print(f"  ours fp32 compiled step / eager tuned: {r[COMPILED] / r[REF]:.2f}x "
+                  f"({r[COMPILED] / r[BOUND]:.0%} of the bound; compile time apart, above)")
         if REF in r and HF in r:
             print(f"  ours fp32 tuned / transformers fp32: {r[REF] / r[HF]:.2f}x (target >= "
                   f"1.3x; {r[PLAIN] / r[HF]:.2f}x with nn.Linear)")
         if REF in r and BF16 in r:
             print(f"  ours bf16 weights / ours fp32 tuned: {r[BF16] / r[REF]:.2f}x (target >= "
                   f"1.6x on a CPU with native bf16; the bound's ratio {r[BOUND_BF16] / r[BOUND]:.2f}x)")
+        if COMPILED in r and BF16 in r:
+            fp32 = max((REF, COMPILED), key=r.get)
+            bf16 = max((name for name in (BF16, COMPILED_BF16) if name in r), key=r.get)
+            print(f"  fastest bf16 / fastest fp32: {r[bf16] / r[fp32]:.2f}x ({bf16} / {fp32})")
 
 
 def report_shapes(layouts: dict) -> None:

@@ -38,10 +38,11 @@ class LoadedModel:
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
 
-    def place(self, cpu_speedups: bool = True, *, cast_weights: bool = True) -> list[str]:
+    def place(self, cpu_speedups: bool = True, *, cast_weights: bool = True,
+              traceable: bool = False) -> list[str]:
         """``place_model`` for this model on its device in its dtype: the speedups applied."""
         self.applied = place_model(self.model, self.device, self.dtype, cpu_speedups,
-                                   cast_weights=cast_weights)
+                                   cast_weights=cast_weights, traceable=traceable)
         return self.applied
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -90,12 +91,12 @@ def load_for_scoring(ckpt_path=None, pretrained=None, checkpoints_root="outputs"
 
 
 def place_model(model: GPT, device: str, dtype: torch.dtype, cpu_speedups: bool = True, *,
-                cast_weights: bool = True) -> list[str]:
+                cast_weights: bool = True, traceable: bool = False) -> list[str]:
     """Move ``model`` to ``device``. ``cast_weights``: in ``dtype``; on the CPU with
     ``cpu_speedups`` as oneDNN-packed linear weights instead (float32 activations;
-    ``minigpt.cpu``). Else the weights stay float32 (forward passes run under
-    ``LoadedModel.autocast()``). On a GPU, float32 matmuls that remain use TF32 (this process).
-    Returns the speedups applied."""
+    ``minigpt.cpu``; ``traceable``: only layouts a compiled decode step can trace). Else the
+    weights stay float32 (forward passes run under ``LoadedModel.autocast()``). On a GPU,
+    float32 matmuls that remain use TF32 (this process). Returns the speedups applied."""
     model.to(device)
     if device.startswith("cuda"):
         torch.set_float32_matmul_precision("high")
@@ -103,7 +104,7 @@ def place_model(model: GPT, device: str, dtype: torch.dtype, cpu_speedups: bool 
     if cast_weights and cpu_speedups and dtype in (torch.float32, torch.bfloat16):
         from minigpt.cpu import speed_up_decoding  # a no-op off the CPU
 
-        applied = speed_up_decoding(model, weight_dtype=dtype)
+        applied = speed_up_decoding(model, weight_dtype=dtype, traceable=traceable)
     if cast_weights and not applied:
         model.to(dtype)
     return applied

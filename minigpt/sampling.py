@@ -171,15 +171,16 @@ def generate(
         vocab_size: only ids below it are ever sampled (a model's vocabulary may be padded
             beyond its tokenizer's).
         crop_to: tokens kept when the window is full (see the module docstring).
-        decoder: a ``minigpt.static_decoding.StaticDecoder`` of this model and batch size: the
-            one-token steps run over its fixed-shape cache (the same forward, compiled into a
-            CUDA graph on a GPU) instead of the growing slices of the eager cache; the tokens
+        decoder: a ``minigpt.static_decoding.StaticDecoder`` of this model and batch size, with
+            room for the prompt and ``max_new_tokens`` (or the context): the one-token steps run
+            over its fixed-shape cache (the same forward, compiled into a CUDA graph on a GPU, a
+            C++ program on the CPU) instead of the growing slices of the eager cache; the tokens
             are the same.
     """
     validate_sampling(temperature, top_k, top_p)
     B, T, pad_counts = _check_generate_inputs(model, idx, max_new_tokens, key_padding_mask,
                                               vocab_size, crop_to)
-    _check_decoder(decoder, model, B, use_cache)
+    _check_decoder(decoder, model, B, use_cache, min(_window_limit(model), T + max_new_tokens))
     ctx = _window_limit(model)
     keep = crop_to if crop_to is not None else max(1, model.config.context_length // 2)
     # Window start (a column of `out`) per row, as python ints: no device syncs in the loop.
@@ -241,7 +242,9 @@ def _decode(model, out: Tensor, T: int, starts: list[int], keep: int, sample, *,
             logits = model(out[:, N - 1:N], kv_cache=cache, last_only=True)
 
 
-def _check_decoder(decoder, model, batch_size: int, use_cache: bool) -> None:
+def _check_decoder(decoder, model, batch_size: int, use_cache: bool, tokens: float) -> None:
+    """A decoder must be this model's, for this batch, and hold the ``tokens`` a row's window
+    reaches (a ring holds any number)."""
     if decoder is None:
         return
     if not use_cache:
@@ -251,6 +254,11 @@ def _check_decoder(decoder, model, batch_size: int, use_cache: bool) -> None:
         raise ValueError(f"this decoder was built for another model or batch size "
                          f"({decoder.batch_size} rows, not {batch_size}); build "
                          "StaticDecoder(model, batch_size)")
+    cache = decoder.cache
+    if not cache.ring and cache.capacity < tokens:
+        raise ValueError(f"this decoder's cache holds {cache.capacity} tokens but this "
+                         f"generation reaches {tokens} (prompt + max_new_tokens); build "
+                         f"StaticDecoder(model, {batch_size}, capacity={tokens})")
 
 
 def _window_limit(model) -> float:

@@ -155,7 +155,9 @@ def test_compiled_decoder_gives_the_eager_samples(char_ckpt, capsys):
         args = (f"ckpt_path={path}", "device=cpu", "dtype=float32", "prompt=First",
                 "max_new_tokens=45", "stop_at_eot=false", *args)
         assert run(*args, "decoder=compiled")[0] == run(*args, "decoder=eager")[0]
-    assert "compiled decoder; cpu speedups: none" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # float32 on the CPU: only layouts the compiled step can trace (nn.Linear, (in, out) copies)
+    assert "compiled decoder; cpu speedups: " in err and "oneDNN-packed" not in err
 
 
 def test_newest_checkpoint_is_the_default(char_ckpt, monkeypatch):

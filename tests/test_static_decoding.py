@@ -10,7 +10,7 @@ import torch
 
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate, pad_prompts
-from minigpt.static_decoding import StaticDecoder
+from minigpt.static_decoding import CAPACITY_MULTIPLE, StaticDecoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -173,3 +173,34 @@ def test_cuda_graph_decoding_matches_eager(name):
             assert torch.equal(got, expected), name
     skips = counters["inductor"]["cudagraph_skips"]
     assert skips == 0, f"{skips} CUDA graph capture(s) skipped: {dict(counters['inductor'])}"
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gqa", "rope", "window"])
+def test_a_cache_sized_to_the_generation_decodes_the_same_tokens(name):
+    """``capacity`` sizes the fixed-shape cache to prompt + new tokens (rounded up), so each
+    step attends over only that; the tokens are those of no cache, compiled or not."""
+    torch._dynamo.reset()
+    model = tiny(name, context_length=256)  # the full cache would be 256 slots
+    idx, mask = _prompts()
+    kwargs = dict(temperature=0, key_padding_mask=mask)
+    expected = generate(model, idx, 20, use_cache=False, **kwargs)
+    for compile in (False, True):
+        decoder = StaticDecoder(model, 3, capacity=7 + 20, compile=compile)
+        assert decoder.capacity == (5 if name == "window" else CAPACITY_MULTIPLE)
+        assert decoder.cache.keys[0].shape[2] == decoder.capacity
+        assert torch.equal(generate(model, idx, 20, decoder=decoder, **kwargs), expected)
+
+
+def test_a_decoder_too_small_for_the_generation_is_refused():
+    model = tiny("gpt2", context_length=256)
+    decoder = StaticDecoder(model, 1, capacity=10)  # 64 slots
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    generate(model, prompt, 60, temperature=0, decoder=decoder)  # 64 tokens: fits
+    with pytest.raises(ValueError, match=r"holds 64 tokens but this generation reaches 65 .*"
+                                         r"StaticDecoder\(model, 1, capacity=65\)"):
+        generate(model, prompt, 61, temperature=0, decoder=decoder)
+    with pytest.raises(ValueError, match=r"capacity=0 must be a positive number of tokens"):
+        StaticDecoder(model, 1, capacity=0)
+    small = tiny("gpt2")  # context 16: crops keep every window within 16 tokens
+    assert StaticDecoder(small, 1, capacity=1000).capacity == 16
+    generate(small, prompt, 40, temperature=0, decoder=StaticDecoder(small, 1, capacity=10))

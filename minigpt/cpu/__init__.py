@@ -13,9 +13,9 @@ float32 rounding, tied weights stay tied and the state-dict keys do not change::
 Each returns what it applied and why (an empty list off the CPU or where a kernel is missing).
 Where oneDNN or another weight layout is only faster on some CPUs, the choice is made per shape
 from this machine's timings (``minigpt.cpu.tuning``: measured on first use, then read from a
-small file), and the line says "measured x1.3", "cached x1.3" or "not faster here". The training
-run and the generate/viz entry points call them once (config ``cpu_speedups``) and log that
-list.
+small file), and the line gives each shape's measured ratio (fastest candidate / default) and
+whether it was cached or measured now. The training run and the generate/viz entry points call
+them once (config ``cpu_speedups``) and log that list.
 """
 
 from __future__ import annotations
@@ -33,8 +33,14 @@ from minigpt.cpu.blocks import (
 from minigpt.cpu.host_memory import keep_freed_memory as _keep_freed_memory
 from minigpt.cpu.linear import MATMULS, OneDNNLinear, measure_matmuls, timed_shape, train_key
 from minigpt.cpu.loss import ChunkedNextTokenLoss
-from minigpt.cpu.packed import PackedLinear, decode_key, measure_decoding
-from minigpt.cpu.tuning import KernelChoices, describe, pick
+from minigpt.cpu.packed import (
+    DECODE_KERNELS,
+    TRACEABLE_KERNELS,
+    PackedLinear,
+    decode_key,
+    measure_decoding,
+)
+from minigpt.cpu.tuning import KernelChoices, describe, pick, shape_of
 
 __all__ = ["KernelChoices", "speed_up_decoding", "speed_up_training"]
 
@@ -89,7 +95,7 @@ def _onednn_training(model: nn.Module, compiled_blocks: list[nn.Module], kernels
     timed = [*layers, *([head] if isinstance(head, nn.Linear) and head not in layers else [])]
     shapes = {train_key(layer, op): timed_shape(layer, op) for layer in timed for op in MATMULS}
     timings, cached = kernels.timings(shapes, lambda keys: measure_matmuls(
-        {k: shapes[k] for k in keys}))
+        {k: shapes[k] for k in keys}), "mkl")
     choices = {key: pick(timings[key], "mkl", key in cached) for key in shapes}
     swapped = 0
     for parent, name, layer in _linear_slots(model, layers):
@@ -97,25 +103,28 @@ def _onednn_training(model: nn.Module, compiled_blocks: list[nn.Module], kernels
         if ops:
             setattr(parent, name, OneDNNLinear.like(layer, ops))
             swapped += 1
-    why = ", ".join(f"{op} {describe({k: c for k, c in choices.items() if k.endswith(op)}, 'mkl')}"
-                    for op in MATMULS)
+    per_op = {op: {k: c for k, c in choices.items() if k.endswith(op)} for op in MATMULS}
+    why = " | ".join(f"{op}: {describe(per_op[op], shape_of)}" for op in MATMULS)
     applied.append(f"oneDNN float32 matmuls in {swapped} of {len(layers)} linear layers ({why})")
     if not isinstance(head, nn.Linear):
         return False, "not measured"
     total = {kernel: sum(timings[train_key(head, op)][kernel] for op in MATMULS)
              for kernel in ("mkl", "onednn")}
     choice = pick(total, "mkl", all(train_key(head, op) in cached for op in MATMULS))
-    return choice.kernel == "onednn", describe({"head": choice}, "mkl")
+    return choice.kernel == "onednn", describe({"three matmuls": choice})
 
 
 @torch.no_grad()
 def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float32,
-                      kernels: KernelChoices | None = None) -> list[str]:
+                      kernels: KernelChoices | None = None, *, traceable: bool = False
+                      ) -> list[str]:
     """Lay a CPU model's linear weights out for one-token-at-a-time decoding, in place, and put
     it in eval mode; return what was applied, and why. bfloat16 ``weight_dtype``: every layer
     multiplies oneDNN-packed bfloat16 weights (float32 activations). float32: each layer's
     shape takes the layout ``kernels`` (this machine's timings, ``minigpt.cpu.tuning``;
-    measured on first use) found fastest (``minigpt.cpu.packed``), or stays ``nn.Linear``.
+    measured on first use) found fastest (``minigpt.cpu.packed``), or stays ``nn.Linear``;
+    ``traceable``: of the layouts ``torch.compile`` can trace only (not oneDNN's packed ones),
+    for a decode step compiled afterwards (float32 only: bfloat16 applies nothing then).
     Inference only: the copies do not follow later weight updates."""
     if weight_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"weight_dtype={weight_dtype} must be torch.float32 or torch.bfloat16")
@@ -123,7 +132,7 @@ def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float3
         return []
     model.eval()
     layers = _linears(model)
-    if not layers:
+    if not layers or (traceable and weight_dtype != torch.float32):
         return []
     if weight_dtype == torch.bfloat16:
         for parent, name, layer in _linear_slots(model, layers):
@@ -131,21 +140,21 @@ def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float3
         return [f"oneDNN-packed bfloat16 linear weights ({len(layers)})"]
     keys = [decode_key(layer) for layer in layers]
     timings, cached = (kernels or KernelChoices()).timings(
-        keys, lambda missing: measure_decoding(layers, missing))
-    choices = {key: pick(timings[key], "plain", key in cached) for key in keys}
+        keys, lambda missing: measure_decoding(layers, missing), "plain")
+    usable = [k for k in DECODE_KERNELS if not traceable or k in TRACEABLE_KERNELS]
+    choices = {key: pick({k: timings[key][k] for k in usable if k in timings[key]}, "plain",
+                         key in cached) for key in keys}
     for parent, name, layer in _linear_slots(model, layers):
         kernel = choices[decode_key(layer)].kernel
         if kernel != "plain":
             setattr(parent, name, PackedLinear.like(layer, weight_dtype, kernel))
     applied = []
-    for kernel, label in (("onednn", "oneDNN-packed"), ("mkl", "(in, out) MKL")):
+    for kernel, label in (("onednn", "oneDNN-packed float32 weights"),
+                          ("mkl", "(in, out) MKL float32 weights"), ("plain", "nn.Linear kept")):
         mine = {k: c for k, c in choices.items() if c.kernel == kernel}
         if mine:
             count = sum(choices[key].kernel == kernel for key in keys)
-            applied.append(f"{label} float32 weights ({count}: {describe(mine, 'plain')})")
-    plain = sum(choices[key].kernel == "plain" for key in keys)
-    if plain:
-        applied.append(f"nn.Linear kept ({plain}: packing not faster here)")
+            applied.append(f"{label} ({count}: {describe(mine, shape_of)})")
     return applied
 
 

@@ -28,11 +28,10 @@ from minigpt.cpu.onednn import available, matmul_nt
 from minigpt.cpu.tuning import Timings, fastest_seconds
 
 MATMULS = ("forward", "input grad", "weight grad")  # a linear layer's three matmuls
-# Training GEMMs are timed at this many rows, and a wider layer (the LM head) on its first
-# MAX_TIMED_COLUMNS outputs: the kernel that wins a shape wins it at these sizes too, and the
-# measurement stays well under a second for the toy model.
+# Training GEMMs are timed at this many rows (about a chunk of the LM-head loss) and the layer's
+# full width: the input gradient of a wide layer (the LM head) sums over all its outputs, and a
+# slice of them can rank the kernels the other way round.
 TIMED_ROWS = 512
-MAX_TIMED_COLUMNS = 2048
 
 # Fewer rows than this: a matrix-vector-like product (decoding), where oneDNN's per-call setup
 # for an unpacked weight costs more than it saves (minigpt.cpu.packed handles decoding).
@@ -128,7 +127,7 @@ def matmul_kernels(x: Tensor, w: Tensor, dy: Tensor) -> dict[str, dict[str, obje
 
 def timed_shape(layer: nn.Linear, matmul: str) -> tuple[int, int, int, str]:
     """(rows, in, out, matmul) at which ``layer``'s ``matmul`` is timed."""
-    return TIMED_ROWS, layer.in_features, min(layer.out_features, MAX_TIMED_COLUMNS), matmul
+    return TIMED_ROWS, layer.in_features, layer.out_features, matmul
 
 
 def train_key(layer: nn.Linear, matmul: str) -> str:

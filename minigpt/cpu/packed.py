@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from minigpt.cpu.tuning import Timings, clock
 
 DECODE_KERNELS = ("plain", "mkl", "onednn")
+TRACEABLE_KERNELS = ("plain", "mkl")  # torch.compile traces these (oneDNN's packed tensor: no)
 
 
 def decode_key(layer: nn.Linear) -> str:

@@ -4,11 +4,16 @@ decide which kernel wins without timing anything."""
 import pytest
 
 import minigpt.cpu
+import minigpt.cpu.tuning
 
 
 @pytest.fixture(autouse=True)
 def _fresh_kernel_timings(tmp_path, monkeypatch):
+    """A timings file per test, taken on a quiet machine (the real load would decide whether
+    a stored timing is measured again), retuning only where a test asks for it."""
     monkeypatch.setenv("MINIGPT_CACHE_DIR", str(tmp_path / "minigpt-cache"))
+    monkeypatch.delenv("MINIGPT_CPU_RETUNE", raising=False)
+    monkeypatch.setattr(minigpt.cpu.tuning, "load_per_core", lambda: 0.0)
 
 
 @pytest.fixture

@@ -9,7 +9,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from minigpt.cpu import onednn
-from minigpt.cpu.linear import OneDNNLinear, linear, uses_onednn, weight_grad
+from minigpt.cpu.linear import (
+    MATMULS,
+    TIMED_ROWS,
+    OneDNNLinear,
+    linear,
+    timed_shape,
+    train_key,
+    uses_onednn,
+    weight_grad,
+)
 
 needs_onednn = pytest.mark.skipif(not onednn.available(), reason="PyTorch built without oneDNN")
 
@@ -123,3 +132,12 @@ def test_like_shares_the_parameters_of_the_layer_it_replaces():
     assert fast.state_dict().keys() == plain.state_dict().keys()
     x = torch.randn(32, 16)
     torch.testing.assert_close(fast(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_wide_layer_is_timed_at_its_full_width():
+    """The LM head's input gradient sums over all its outputs: timing a slice of them can rank
+    the kernels the other way round, so every matmul is timed at the layer's own width."""
+    head = nn.Linear(768, 50304, bias=False, device="meta")
+    assert {timed_shape(head, op) for op in MATMULS} == {
+        (TIMED_ROWS, 768, 50304, op) for op in MATMULS}
+    assert train_key(head, "input grad") == "train float32 512x768x50304 input grad"
