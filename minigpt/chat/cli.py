@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from minigpt.chat.session import ChatSession, ContextFullError
@@ -84,24 +84,28 @@ def read_conversations(path, limit: int | None = None) -> list[list[dict]]:
     return [record["messages"] for record in read_records(path, limit)]
 
 
-def read_records(path, limit: int | None = None) -> list[dict]:
+def read_records(path, limit: int | None = None,
+                 check: Callable[[dict], None] | None = None) -> list[dict]:
     """The JSON objects of a ``.jsonl`` file of conversations, each with a checked
-    ``messages`` list (other fields as they are), blank lines skipped."""
+    ``messages`` list (other fields as they are, ``check``ed if given: it raises
+    ``ChatFormatError``), blank lines skipped."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"conversation file {path} not found; {RECORD}")
-    records = read_jsonl(path, _checked_record,
+    records = read_jsonl(path, lambda record, where: _checked_record(record, where, check),
                          lambda message: ChatFormatError(f"{message}; {RECORD}"), limit)
     if not records:
         raise ChatFormatError(f"{path} holds no conversation; {RECORD}")
     return records
 
 
-def _checked_record(record: dict, where: str) -> dict:
+def _checked_record(record: dict, where: str, check) -> dict:
     try:
         check_conversation(record.get("messages"))
         for i, message in enumerate(record["messages"]):
             check_message(message, i)
+        if check is not None:
+            check(record)
     except ChatFormatError as e:
         raise ChatFormatError(f"{where}: {e}") from None
     return record

@@ -85,7 +85,7 @@ EVAL_COMMAND_RULES: dict[str, Rule] = {
                       and "." in t.strip("."), f"one of {', '.join(TASKS)}, harness, or the "
                       "dotted path of a minigpt.eval.task.Task subclass"), "dtype": OneOf(DTYPES),
     "batch_size": AT_LEAST_1, "max_gen_toks": AT_LEAST_1, "limit": AT_LEAST_1,
-    "num_fewshot": AT_LEAST_0,
+    "num_fewshot": AT_LEAST_0, "chat_template": OneOf(("default",)),
 }
 RULES = {TrainSchema: TRAIN_RULES, GenerateSchema: GENERATE_RULES,
          EvalCommandSchema: EVAL_COMMAND_RULES}

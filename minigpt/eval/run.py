@@ -32,7 +32,12 @@ def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
 
         task = task_class(cfg.task)(cfg.path, cfg.cache_dir)
         items = task.items(cfg.limit)
-    model, tokenizer, source, device, autocast = _load(cfg)
+    loaded, autocast = _load(cfg)
+    model, tokenizer, source, device = loaded.model, loaded.tokenizer, loaded.source, loaded.device
+    if cfg.task != "harness" and task.uses_chat_template:
+        from minigpt.chat.cli import chat_template_of
+
+        task.chat_template = chat_template_of(loaded, cfg.chat_template)
     if cfg.task == "harness":
         lm = MiniGPTLM(model, tokenizer, batch_size=cfg.batch_size, device=device,
                        autocast=autocast, max_gen_toks=cfg.max_gen_toks)
@@ -61,14 +66,15 @@ def task_table(result: dict, metrics) -> str:
     name_width = max(10, len(result["task"]) + 1)
     widths = {m: max(7, len(m) + 1) for m in metrics}
     head = "".join(f" {m:>{w}}" for m, w in widths.items())
-    values = "".join(f" {result[m]:>{w}.4f}" for m, w in widths.items())
+    values = "".join(f" {result[m]:>{w}.4f}" if result[m] is not None else f" {'-':>{w}}"
+                     for m, w in widths.items())
     return (f"{'task':<{name_width}} {'n':>6}{head} {'truncated':>10}\n"
             f"{result['task']:<{name_width}} {result['n']:>6}{values} {result['truncated']:>10}")
 
 
 def _load(cfg: DictConfig):
-    """``(model, tokenizer, source, device, autocast)``: the model on its device with float32
-    weights, and the autocast its forward passes run in to compute in ``cfg.dtype`` (``None``:
+    """``(loaded, autocast)``: the model (``LoadedModel``) on its device with float32 weights,
+    and the autocast its forward passes run in to compute in ``cfg.dtype`` (``None``:
     float32), as training's evaluation does under mixed precision."""
     from minigpt.inference import load_for_inference
 
@@ -77,7 +83,7 @@ def _load(cfg: DictConfig):
     loaded.place(cast_weights=False)
     print(loaded.describe(), file=sys.stderr, flush=True)
     autocast = loaded.autocast if loaded.dtype_name != "float32" else None
-    return loaded.model, loaded.tokenizer, loaded.source, loaded.device, autocast
+    return loaded, autocast
 
 
 def _task_list(tasks) -> list[str]:

@@ -60,5 +60,6 @@ def tasks_in_training(model, tokenizer, tasks: Sequence[tuple[Task, Sequence[Any
     for task, items in tasks:
         result = evaluate(task, model, tokenizer, items, batch_size=batch_size, device=device,
                           autocast=autocast, through_forward=through_forward)
-        metrics.update({f"eval/{task.name}/{m}": result[m] for m in task.metrics})
+        metrics.update({f"eval/{task.name}/{m}": result[m] for m in task.metrics
+                        if result[m] is not None})  # None: no item of the task measures it
     return metrics

@@ -4,12 +4,16 @@ re-read every step by the uncached model)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from minigpt.chat.template import ChatTemplate
+from minigpt.checkpoint import checkpoint_metadata
 from minigpt.model import GPT, GPTConfig
 from minigpt.tokenizer import CharTokenizer
 
+ROOT = Path(__file__).resolve().parents[2]
 CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 +=?.,\n"
 
 
@@ -43,3 +47,12 @@ def reread_reply(model, ids: list[int], end_id: int, allowed: int, max_new_token
         reply.append(token)
         ids.append(token)
     return reply
+
+
+def save_chat_checkpoint(path, model, tokenizer, template=None):
+    """A checkpoint in the documented format, with the template a fine-tuned model stores."""
+    meta = checkpoint_metadata(model.config.to_dict(), tokenizer.to_dict(),
+                               None if template is None else template.to_dict())
+    torch.save({"model": {"model." + k: v for k, v in model.state_dict().items()},
+                "minigpt": meta, "global_step": 7}, path)
+    return path

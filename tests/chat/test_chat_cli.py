@@ -7,33 +7,27 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import torch
-from chat_helpers import char_tokenizer, chat_template, reread_reply, tiny_chat_model
+from chat_helpers import (
+    ROOT,
+    char_tokenizer,
+    chat_template,
+    reread_reply,
+    save_chat_checkpoint,
+    tiny_chat_model,
+)
 from hydra import compose, initialize_config_dir
 
 from minigpt.chat.template import ChatFormatError
-from minigpt.checkpoint import checkpoint_metadata
 from minigpt.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("generate_cli", ROOT / "generate.py")
 generate_cli = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(generate_cli)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 QUESTIONS = ["what is 2+3?", "reverse abc", "hello", "say yes."]
-
-
-def save_chat_checkpoint(path, model, tokenizer, template=None):
-    """A checkpoint in the documented format, with the template a fine-tuned model stores."""
-    meta = checkpoint_metadata(model.config.to_dict(), tokenizer.to_dict(),
-                               None if template is None else template.to_dict())
-    torch.save({"model": {"model." + k: v for k, v in model.state_dict().items()},
-                "minigpt": meta, "global_step": 7}, path)
-    return path
 
 
 @pytest.fixture
