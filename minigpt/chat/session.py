@@ -126,7 +126,25 @@ class ChatSession:
                 f"{self.context_length} tokens and this turn needs {len(new)} more; type /reset "
                 "to start a new conversation")
         self.messages += messages
-        self.pending = []
+        reply = self._sample_reply(new, on_text)
+        self._close_turn(reply)
+        return reply
+
+    def complete(self, ids: Sequence[int],
+                 on_text: Callable[[str], None] | None = None) -> Reply:
+        """The reply to a conversation already rendered to ``ids`` (ending with the assistant's
+        header), read in one pass; the session is reset before and after."""
+        self.reset()
+        if len(ids) > self.context_length:
+            raise ContextFullError(f"context full: the conversation has {len(ids)} tokens, "
+                                   f"more than the model's {self.context_length}")
+        try:
+            return self._sample_reply(list(ids), on_text)
+        finally:
+            self.reset()
+
+    def _sample_reply(self, new: list[int], on_text) -> Reply:
+        """Read ``new``, then sample the reply token by token (see the module docstring)."""
         stream = TextStream(self.tokenizer.decode)
         ids, stopped = [], "length"
         logits = self._read(new)
@@ -147,9 +165,7 @@ class ChatSession:
             logits = self._read([token])
         if on_text is not None:
             on_text(stream.flush())
-        reply = Reply(self.tokenizer.decode(ids), ids, stopped)
-        self._close_turn(reply)
-        return reply
+        return Reply(self.tokenizer.decode(ids), ids, stopped)
 
     def _new_turn_ids(self, messages: list[Message]) -> list[int]:
         """The tokens ``messages`` add after the conversation so far, up to the assistant's

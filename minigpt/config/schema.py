@@ -226,7 +226,9 @@ class EvalCommandSchema:
     num_fewshot: int | None = None  # harness: examples in each prompt; null: each task's default
     include_path: str | None = None  # harness: a directory of task YAMLs of your own
     max_gen_toks: int = 256  # harness: tokens generated when a task sets no limit
-    chat_template: str | None = None  # task=chat: null = the checkpoint's; default: the untrained
+    apply_chat_template: bool = False  # harness: prompts as conversations in the chat template
+    chat_template: str | None = None  # task=chat, apply_chat_template: null = the checkpoint's;
+    # default: the untrained template
 
 
 # (group, schema): each group's YAML files start with `defaults: [schema]`.

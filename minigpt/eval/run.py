@@ -34,15 +34,17 @@ def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
         items = task.items(cfg.limit)
     loaded, autocast = _load(cfg)
     model, tokenizer, source, device = loaded.model, loaded.tokenizer, loaded.source, loaded.device
-    if cfg.task != "harness" and task.uses_chat_template:
+    chat = cfg.apply_chat_template if cfg.task == "harness" else task.uses_chat_template
+    template = None
+    if chat:
         from minigpt.chat.cli import chat_template_of
 
-        task.chat_template = chat_template_of(loaded, cfg.chat_template)
+        template = chat_template_of(loaded, cfg.chat_template)
     if cfg.task == "harness":
         lm = MiniGPTLM(model, tokenizer, batch_size=cfg.batch_size, device=device,
-                       autocast=autocast, max_gen_toks=cfg.max_gen_toks)
-        results = run_harness(lm, tasks, num_fewshot=cfg.num_fewshot,
-                              limit=cfg.limit, include_path=cfg.include_path)
+                       autocast=autocast, max_gen_toks=cfg.max_gen_toks, chat_template=template)
+        results = run_harness(lm, tasks, num_fewshot=cfg.num_fewshot, limit=cfg.limit,
+                              include_path=cfg.include_path, apply_chat_template=chat)
         from lm_eval.utils import make_table
 
         out.write(make_table(results) + "\n")
@@ -51,6 +53,7 @@ def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
     else:
         from minigpt.eval.task import evaluate
 
+        task.chat_template = template
         result = {"source": source, **evaluate(
             task, model, tokenizer, items, batch_size=cfg.batch_size, device=device,
             autocast=autocast, progress=cfg.progress)}
@@ -103,6 +106,9 @@ def _check_options(cfg: EvalCommandSchema) -> None:
         problems.append("give ckpt_path or pretrained, not both")
     if cfg.task != "harness" and cfg.tasks is not None:
         problems.append("tasks= is for the harness: python -m minigpt.eval harness tasks=...")
+    if cfg.task != "harness" and cfg.apply_chat_template:
+        problems.append("apply_chat_template=true is for the harness (task=chat always uses "
+                        "the template): drop it")
     if problems:
         raise UserError("; ".join(problems))
 

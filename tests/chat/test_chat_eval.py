@@ -126,3 +126,9 @@ def test_bad_items_name_the_line_and_field(tmp_path, record, message):
         ChatTask(str(path)).items()
     with pytest.raises(UserError, match="task=chat needs path=FILE.jsonl"):
         ChatTask().items()
+
+
+def test_apply_chat_template_is_for_the_harness(chat_items):
+    ckpt, path, _, _ = chat_items
+    with pytest.raises(UserError, match="apply_chat_template=true is for the harness"):
+        run(config("task=chat", f"ckpt_path={ckpt}", f"path={path}", "apply_chat_template=true"))
