@@ -13,7 +13,7 @@ from minigpt.checkpoint import checkpoint_metadata
 from minigpt.model import GPT, GPTConfig
 from minigpt.tokenizer import CharTokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 +=?.,\n"
 
 
