@@ -313,6 +313,15 @@ SOURCES: dict[str, Source] = {"shakespeare": ShakespeareSource(), "files": Files
                               "hub": HubSource()}
 
 
+def _register_chat() -> None:
+    from minigpt.data.chat import ChatSource  # conversations: rendered by train.py, not prepared
+
+    SOURCES["chat"] = ChatSource()
+
+
+_register_chat()
+
+
 def source_for(cfg: DataConfig) -> Source:
     """The built-in source ``data.source`` names, or a user's (``UserSource``)."""
     return SOURCES.get(cfg.source) or UserSource(cfg.source)

@@ -1,0 +1,113 @@
+"""A synthetic instruction set with exact answers, in the characters of the toy Shakespeare model.
+
+``python -m minigpt.chat.synthetic --out data/chat_synth`` writes ``train.jsonl`` and
+``val.jsonl`` (messages form, one conversation a line), seeded: the same files every time.
+Four kinds of task, equally often: reverse a word, add two numbers, answer a question from a
+given sentence, name a word's first letter. Held-out items never appear in training (no prompt
+is shared), so a model that answers them has learned the task, not the items.
+
+Only letters, digits, spaces and ``.,?:'`` are used: all of them are in the character vocabulary
+of ``data=shakespeare_char``, so the pretrained toy model can be fine-tuned on these as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+NAMES = ("Anna", "Ben", "Cleo", "Dan", "Eve", "Finn", "Gus", "Hal", "Ida", "Jon", "Kate", "Lear",
+         "Mary", "Ned", "Olga", "Paul", "Rosa", "Sam", "Toby", "Viola")
+COLORS = ("red", "blue", "green", "black", "white", "gold", "grey", "pink", "brown", "purple")
+THINGS = ("hat", "cup", "box", "coat", "ring", "book", "shoe", "bag", "kite", "lamp", "sword",
+          "cloak")
+
+
+def _word(rng: random.Random) -> str:
+    return "".join(rng.choice(LETTERS) for _ in range(rng.randint(3, 5)))
+
+
+def reverse_task(rng: random.Random) -> tuple[str, str]:
+    word = _word(rng)
+    return f"Reverse the word: {word}", word[::-1]
+
+
+def add_task(rng: random.Random) -> tuple[str, str]:
+    a, b = rng.randint(0, 49), rng.randint(0, 49)
+    return f"What is {a} plus {b}?", str(a + b)
+
+
+def sentence_task(rng: random.Random) -> tuple[str, str]:
+    name, color, thing = rng.choice(NAMES), rng.choice(COLORS), rng.choice(THINGS)
+    return f"{name} has a {color} {thing}. What color is the {thing}?", color
+
+
+def first_letter_task(rng: random.Random) -> tuple[str, str]:
+    word = _word(rng)
+    return f"What is the first letter of {word}?", word[0]
+
+
+TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
+    "reverse": reverse_task, "add": add_task, "sentence": sentence_task,
+    "first_letter": first_letter_task}
+
+
+def conversation(prompt: str, answer: str) -> dict:
+    return {"messages": [{"role": "user", "content": prompt},
+                         {"role": "assistant", "content": answer}]}
+
+
+def make_items(n: int, seed: int, exclude: set[str] = frozenset()) -> list[tuple[str, str]]:
+    """``n`` distinct (prompt, answer) items, the tasks taking turns, none with a prompt in
+    ``exclude``. A draw that repeats a prompt is skipped, so a task with few prompts (2,500
+    additions, 2,400 sentences) gives fewer items as it runs out."""
+    rng = random.Random(seed)
+    seen, items = set(exclude), []
+    task_list = list(TASKS.values())
+    for turn in range(100 * n):
+        if len(items) == n:
+            break
+        prompt, answer = task_list[turn % len(task_list)](rng)
+        if prompt not in seen:
+            seen.add(prompt)
+            items.append((prompt, answer))
+    return items
+
+
+def write_split(path: Path, items: list[tuple[str, str]]) -> None:
+    lines = [json.dumps(conversation(p, a)) for p, a in items]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def generate(out: str | Path, n_train: int = 8000, n_val: int = 400, seed: int = 0) -> dict:
+    """Write ``train.jsonl`` and ``val.jsonl`` under ``out``; the held-out items first (so
+    every task has its share of them), then the training items, disjoint from them."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    val = make_items(n_val, seed + 1)
+    train = make_items(n_train, seed, exclude={p for p, _ in val})
+    write_split(out / "val.jsonl", val)
+    write_split(out / "train.jsonl", train)
+    return {"train": len(train), "val": len(val), "out": str(out)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="data/chat_synth", help="output directory")
+    parser.add_argument("--train", type=int, default=8000, help="training conversations")
+    parser.add_argument("--val", type=int, default=400, help="held-out conversations")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    for name, value in (("--train", args.train), ("--val", args.val)):
+        if value < 1:
+            parser.error(f"{name}={value} must be at least 1")
+    made = generate(args.out, args.train, args.val, args.seed)
+    print(f"wrote {made['train']} training and {made['val']} held-out conversations to "
+          f"{made['out']}/{{train,val}}.jsonl")
+
+
+if __name__ == "__main__":
+    main()
