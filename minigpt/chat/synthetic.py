@@ -55,6 +55,19 @@ TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
     "first_letter": first_letter_task}
 
 
+def task_of(prompt: str) -> str | None:
+    """The name of the task that wrote ``prompt`` (for per-task scores), or None."""
+    if prompt.startswith("Reverse the word: "):
+        return "reverse"
+    if prompt.startswith("What is the first letter of "):
+        return "first_letter"
+    if prompt.startswith("What is ") and " plus " in prompt:
+        return "add"
+    if " What color is the " in prompt:
+        return "sentence"
+    return None
+
+
 def conversation(prompt: str, answer: str) -> dict:
     return {"messages": [{"role": "user", "content": prompt},
                          {"role": "assistant", "content": answer}]}
