@@ -78,6 +78,7 @@ GENERATE_RULES: dict[str, Rule] = {
     "max_new_tokens": AT_LEAST_0, "num_samples": AT_LEAST_1, "seed": AT_LEAST_0,
     "cpu_speedups": OneOf(("auto", False)), "dtype": OneOf(DTYPES),
     "decoder": OneOf(("auto", "eager", "compiled")),
+    "chat_template": OneOf(("default",)),
 }
 EVAL_COMMAND_RULES: dict[str, Rule] = {
     "task": Satisfies(lambda t: t in ("harness", *TASKS) or isinstance(t, str)

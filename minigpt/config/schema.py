@@ -198,6 +198,10 @@ class GenerateSchema:
     crop_to: int | None = None
     attention_map: str | None = None
     attention_layer: Any = 0  # a layer index, or all
+    chat: bool = False  # talk with a fine-tuned chat model in the terminal (minigpt.chat)
+    chat_input: str | None = None  # chat: answer each conversation of this .jsonl instead
+    chat_output: str | None = None  # chat_input: write {"reply", "reference"} lines here
+    chat_template: str | None = None  # null: the checkpoint's; default: the untrained template
 
 
 @dataclass
