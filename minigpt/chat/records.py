@@ -7,7 +7,7 @@ A record is one JSON object in either of two forms:
   "output": str}``, read as a user turn (the instruction, then the input after a blank line when
   there is one) and an assistant turn (the output).
 
-``read_jsonl`` yields ``(where, messages)`` with ``where`` = ``path:line``; a record in neither
+``read_jsonl`` returns ``(where, messages)`` pairs with ``where`` = ``path:line``; a record in neither
 form, or a line that is not JSON, raises ``ChatDataError`` naming the file, the line and the
 field. Messages' roles and contents are checked when they are rendered (``ChatTemplate``), whose
 errors the caller prefixes with ``where``.
@@ -15,11 +15,10 @@ errors the caller prefixes with ``where``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
+from minigpt import files
 from minigpt.data.config import DataError
-from minigpt.files import TextFileError, text_lines
 
 
 class ChatDataError(DataError):
@@ -29,7 +28,7 @@ class ChatDataError(DataError):
 def conversation_of(record) -> list[dict]:
     """The messages of a record in either form (see the module docstring); ``ValueError``
     naming the field otherwise."""
-    if not isinstance(record, dict):
+    if not isinstance(record, dict):  # a hub dataset's row; read_jsonl checks its lines
         raise ValueError(f"a record is a JSON object, not {type(record).__name__}")
     if "messages" in record:
         return record["messages"]
@@ -47,21 +46,10 @@ def conversation_of(record) -> list[dict]:
     raise ValueError(f"no field 'messages' or 'instruction' (fields: {', '.join(record) or 'none'})")
 
 
-def read_jsonl(path: str) -> Iterator[tuple[str, list[dict]]]:
+def read_jsonl(path: str) -> list[tuple[str, list[dict]]]:
     """``(path:line, messages)`` of each non-blank line of a ``.jsonl`` file."""
-    try:
-        for number, line in text_lines(path):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ChatDataError(f"{where}: not a JSON object ({e.msg} at column "
-                                    f"{e.colno})") from None
-            yield where, checked(where, record)
-    except TextFileError as e:
-        raise ChatDataError(str(e)) from None
+    return files.read_jsonl(path, lambda record, where: (where, checked(where, record)),
+                            ChatDataError)
 
 
 def read_hub(name: str, config: str | None, split: str, revision: str | None,

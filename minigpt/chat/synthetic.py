@@ -8,6 +8,10 @@ is shared), so a model that answers them has learned the task, not the items.
 
 Only letters, digits, spaces and ``.,?:'`` are used: all of them are in the character vocabulary
 of ``data=shakespeare_char``, so the pretrained toy model can be fine-tuned on these as they are.
+
+``python -m minigpt.chat.synthetic --out data/chat_synth --score replies.jsonl`` scores the
+replies ``generate.py chat=true chat_input=data/chat_synth/val.jsonl chat_output=replies.jsonl``
+wrote, per task (it writes nothing then).
 """
 
 from __future__ import annotations
@@ -107,13 +111,40 @@ def generate(out: str | Path, n_train: int = 8000, n_val: int = 400, seed: int =
     return {"train": len(train), "val": len(val), "out": str(out)}
 
 
+def score_by_task(val_path: str | Path, replies_path: str | Path) -> dict[str, tuple[int, int]]:
+    """``{task: (exact, items)}`` and ``all``, of ``generate.py chat=true``'s ``chat_output``
+    (one ``{"reply", "reference"}`` line per conversation of ``val_path``, in order)."""
+    from minigpt.chat.cli import exact_match
+
+    val = [json.loads(line)["messages"] for line in Path(val_path).read_text().splitlines()]
+    replies = [json.loads(line) for line in Path(replies_path).read_text().splitlines()]
+    if len(val) != len(replies):
+        raise ValueError(f"{replies_path} has {len(replies)} replies for the {len(val)} "
+                         f"conversations of {val_path}")
+    scores: dict[str, list[int]] = {}
+    for messages, reply in zip(val, replies, strict=True):
+        hit = int(exact_match(reply["reply"], messages[-1]["content"]))
+        for task in (task_of(messages[0]["content"]) or "other", "all"):
+            scores.setdefault(task, [0, 0])
+            scores[task][0] += hit
+            scores[task][1] += 1
+    return {task: (hits, n) for task, (hits, n) in scores.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="data/chat_synth", help="output directory")
     parser.add_argument("--train", type=int, default=8000, help="training conversations")
     parser.add_argument("--val", type=int, default=400, help="held-out conversations")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--score", metavar="REPLIES", help="score generate.py's chat_output "
+                        "for <out>/val.jsonl per task instead of writing")
     args = parser.parse_args(argv)
+    if args.score:
+        for task, (hits, n) in sorted(score_by_task(Path(args.out) / "val.jsonl",
+                                                    args.score).items()):
+            print(f"{task}: {hits}/{n} = {hits / n:.3f}")
+        return
     for name, value in (("--train", args.train), ("--val", args.val)):
         if value < 1:
             parser.error(f"{name}={value} must be at least 1")

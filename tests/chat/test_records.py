@@ -37,11 +37,11 @@ def test_both_forms_read_as_messages(tmp_path):
 
 
 @pytest.mark.parametrize("line, match", [
-    ('{"messages": [', r":2: not a JSON object"),
+    ('{"messages": [', r":2: not JSON"),
     ('{"text": "x"}', r":2: no field 'messages' or 'instruction' \(fields: text\)"),
     ('{"instruction": "x"}', r":2: field 'output' is missing"),
     ('{"instruction": "x", "output": "y", "input": 3}', r":2: field 'input' is int"),
-    ('[1]', r":2: a record is a JSON object, not list"),
+    ('[1]', r":2: a JSON list, not an object"),
 ])
 def test_bad_records_name_file_line_and_field(tmp_path, line, match):
     path = write(tmp_path / "bad.jsonl", {"instruction": "a", "output": "b"}, line)

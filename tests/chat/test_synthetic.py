@@ -2,7 +2,7 @@
 
 import json
 
-from minigpt.chat.synthetic import generate, main, task_of
+from minigpt.chat.synthetic import generate, main, score_by_task, task_of
 
 # the character vocabulary of data=shakespeare_char (its prepared meta.json)
 SHAKESPEARE_CHARS = set("\n !\"$&'(),-.0123456789:;?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]"
@@ -41,3 +41,15 @@ def test_cli_writes_both_files(tmp_path, capsys):
     main(["--out", str(tmp_path), "--train", "20", "--val", "8"])
     assert "wrote 20 training and 8 held-out" in capsys.readouterr().out
     assert len(read(tmp_path / "val.jsonl")) == 8
+
+
+def test_score_by_task_reads_generate_output(tmp_path):
+    generate(tmp_path, n_train=8, n_val=8, seed=0)
+    val = read(tmp_path / "val.jsonl")
+    replies = tmp_path / "replies.jsonl"
+    replies.write_text("".join(json.dumps({"reply": m[1]["content"] if i % 2 else "nope",
+                                           "reference": m[1]["content"]}) + "\n"
+                               for i, m in enumerate(val)))
+    scores = score_by_task(tmp_path / "val.jsonl", replies)
+    assert scores["all"] == (4, 8)
+    assert sum(n for task, (_, n) in scores.items() if task != "all") == 8
