@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from minigpt.chat.rows import ROW_MODES, TOO_LONG, TRAIN_ON
 from minigpt.data.config import DataError
-from minigpt.data.sources import Source
 
 
 @dataclass
@@ -45,15 +44,3 @@ class ChatSettings:
         if problems:
             raise DataError("bad chat data config: " + "; ".join(problems))
         return settings
-
-
-class ChatSource(Source):
-    """Registered as ``data.source=chat`` so a config names it; ``train.py`` reads it through
-    ``minigpt.chat.setup`` rather than the token-file preparation."""
-
-    def load(self, cfg):
-        raise DataError(f"data={cfg.name} (source=chat) has nothing to prepare: conversations are "
-                        "rendered when train.py starts (experiment=sft)")
-
-    def where(self, cfg):
-        return f"conversations {cfg.paths or cfg.hub_name}"

@@ -88,3 +88,12 @@ def test_grow_vocab_keeps_old_rows_and_adds_their_mean():
         torch.testing.assert_close(head[10:], model.lm_head.weight.mean(0).expand(6, 8))
         idx = torch.tensor([[1, 2, 3]])  # old tokens: the same logits over the old rows
         torch.testing.assert_close(grown(idx)[..., :10], model(idx))
+
+
+def test_preparing_chat_data_says_train_py_renders_it(tmp_path):
+    from minigpt.data import prepare_dataset
+
+    path = write(tmp_path / "c.jsonl", {"instruction": "a", "output": "b"})
+    with pytest.raises(DataError, match="source=chat.*nothing to prepare"):
+        prepare_dataset(DataConfig(name="chat", source="chat", paths=[path]), tmp_path,
+                        progress=False)
