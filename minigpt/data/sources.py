@@ -309,8 +309,20 @@ class UserSource(Source):
         return f"data.source={self.path}"
 
 
+class ChatSource(Source):
+    """``data.source=chat``: conversations (``minigpt.data.chat``), rendered with the chat
+    template when ``train.py`` starts rather than prepared into token files."""
+
+    def load(self, cfg):
+        raise DataError(f"data={cfg.name} (source=chat) has nothing to prepare: conversations are "
+                        "rendered when train.py starts (experiment=sft, docs/chat.md)")
+
+    def where(self, cfg):
+        return f"conversations {cfg.paths or cfg.hub_name}"
+
+
 SOURCES: dict[str, Source] = {"shakespeare": ShakespeareSource(), "files": FilesSource(),
-                              "hub": HubSource()}
+                              "hub": HubSource(), "chat": ChatSource()}
 
 
 def source_for(cfg: DataConfig) -> Source:
