@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from minigpt.chat.records import conversation_of
 from minigpt.chat.session import ChatSession, ContextFullError
 from minigpt.chat.template import (
     ChatFormatError,
@@ -22,7 +23,8 @@ from minigpt.errors import UserError
 from minigpt.files import atomic_write, read_jsonl
 
 COMMANDS = "/reset starts a new conversation, /exit (or Ctrl-D) ends"
-RECORD = 'a conversation is one JSON object per line: {"messages": [{"role": ..., "content": ...}]}'
+RECORD = ('a conversation is one JSON object per line: {"messages": [{"role": ..., "content": '
+          '...}]} or {"instruction": ..., "input": ..., "output": ...}')
 
 
 def run_chat(cfg, out=None, lines: Iterable[str] | None = None) -> dict | None:
@@ -101,7 +103,11 @@ def read_records(path, limit: int | None = None,
 
 def _checked_record(record: dict, where: str, check) -> dict:
     try:
-        check_conversation(record.get("messages"))
+        record = {**record, "messages": conversation_of(record)}  # the instruction form too
+    except ValueError as e:
+        raise ChatFormatError(f"{where}: {e}; {RECORD}") from None
+    try:
+        check_conversation(record["messages"])
         for i, message in enumerate(record["messages"]):
             check_message(message, i)
         if check is not None:

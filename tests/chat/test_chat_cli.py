@@ -40,8 +40,9 @@ def chat_ckpt(tmp_path):
 
 
 def config(*overrides):
+    """generate.py's config; float32, as the oracle computes (auto may pick bfloat16)."""
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("generate", overrides=list(overrides))
+        return compose("generate", overrides=["dtype=float32", *overrides])
 
 
 def oracle(model, tokenizer, template, messages, max_new_tokens=10):
@@ -119,7 +120,7 @@ def test_interactive_chat_through_stdin(chat_ckpt, tmp_path):
     path, model, tokenizer, template = chat_ckpt
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(ROOT / "generate.py"), f"ckpt_path={path}", "chat=true",
-           "temperature=0", "max_new_tokens=10"]
+           "temperature=0", "max_new_tokens=10", "dtype=float32"]
     stdin = "what is 2+3?\nand 4+4?\n/reset\nwhat is 2+3?\n/exit\nnever read\n"
     done = subprocess.run(cmd, input=stdin, cwd=tmp_path, capture_output=True, text=True,
                           env=env, timeout=120)
@@ -157,3 +158,19 @@ def test_terminal_says_when_the_context_is_full():
     first = again.say("what is 2+3?").text
     again.reset()
     assert out.getvalue() == f"{first}\n{again.say('hi').text}\n"  # nothing for "more"
+
+
+def test_file_mode_reads_the_instruction_form(chat_ckpt, tmp_path):
+    path, model, tokenizer, template = chat_ckpt
+    source = tmp_path / "book.jsonl"
+    source.write_text(json.dumps({"instruction": "reverse", "input": "abc", "output": "cba"})
+                      + "\n" + json.dumps({"instruction": "hi"}) + "\n")
+    with pytest.raises(ChatFormatError, match=r"book\.jsonl:2: field 'output' is missing"):
+        generate_cli.run(config(f"ckpt_path={path}", "chat=true", f"chat_input={source}"))
+    source.write_text(source.read_text().splitlines()[0] + "\n")
+    out = tmp_path / "replies.jsonl"
+    generate_cli.run(config(f"ckpt_path={path}", "chat=true", f"chat_input={source}",
+                            f"chat_output={out}", "temperature=0", "max_new_tokens=10"))
+    record = json.loads(out.read_text())
+    assert record == {"reply": oracle(model, tokenizer, template, [
+        {"role": "user", "content": "reverse\n\nabc"}]), "reference": "cba"}

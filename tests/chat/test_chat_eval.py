@@ -68,7 +68,7 @@ def chat_items(tmp_path):
 
 def config(*overrides):
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("eval", overrides=["progress=false", *overrides])
+        return compose("eval", overrides=["progress=false", "dtype=float32", *overrides])
 
 
 def test_chat_task_scores_exact_match_and_multiple_choice(chat_items, tmp_path):
