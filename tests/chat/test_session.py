@@ -141,3 +141,14 @@ def test_sampling_settings_are_checked():
         session_for(model, temperature=-1)
     with pytest.raises(ValueError, match="max_new_tokens=0"):
         session_for(model, max_new_tokens=0)
+
+
+def test_a_sliding_window_model_chats_past_its_context():
+    """Rotary positions + a sliding window: the ring cache keeps the last ``window`` tokens, so
+    a conversation runs past ``context_length`` and still equals re-reading it whole."""
+    model = tiny_chat_model(context_length=32, position="rope", window=16)
+    session = session_for(model, max_new_tokens=12)
+    replies = [session.say(t).text for t in TURNS]
+    assert session.tokens_read > 32 and session.context_length == float("inf")
+    expected = oracle_conversation(model, session.tokenizer, session.template, TURNS, 12)
+    assert replies == expected
