@@ -218,7 +218,8 @@ def build_loop(train: TrainSchema, fabric: Fabric, plan: RunPlan, setup: Setup,
     # The first process of each machine downloads the tasks' items into the cache; the others
     # read them.
     with fabric.rank_zero_first(local=True):
-        eval_items = training_items(train.eval, Path(train.data_root).expanduser())
+        eval_items = training_items(train.eval, Path(train.data_root).expanduser(),
+                                    getattr(setup.data, "template", None))
     return Loop(
         fabric, plan, train, module=module, optimizers=optimizers, schedulers=schedulers,
         data=setup.data, checkpoints=CheckpointFiles(fabric, run_dir / "checkpoints"),

@@ -19,10 +19,11 @@ from chat_helpers import (
 from hydra import compose, initialize_config_dir
 
 from minigpt.chat.template import ChatFormatError
+from minigpt.config import EvalSchema
 from minigpt.errors import UserError
 from minigpt.eval.chat import ChatTask
 from minigpt.eval.run import run
-from minigpt.eval.training import tasks_in_training
+from minigpt.eval.training import tasks_in_training, training_items
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 QUESTIONS = ["what is 2+3?", "reverse abc", "hello", "say yes.", "count to 3"]
@@ -94,10 +95,14 @@ def test_a_file_of_one_kind_leaves_the_other_metric_out(chat_items, tmp_path):
     result = run(config("task=chat", f"ckpt_path={ckpt}", f"path={exact_only}"), out=shown)
     assert result["exact_match"] == pytest.approx(2 / 5) and result["mc_acc"] is None
     assert shown.getvalue().splitlines()[1].split()[:4] == ["chat", "5", "0.4000", "-"]
-    # what a training run logs: eval/chat/<metric>, only the metrics measured
-    task = ChatTask(str(exact_only))
-    task.chat_template = template
-    logged = tasks_in_training(model, template.tokenizer, [(task, task.items())], "cpu")
+    # what a training run logs: eval/chat/<metric>, only the metrics measured; the run hands
+    # the task its template
+    settings = EvalSchema(tasks=["chat"], every=1, limit=None, path=str(exact_only))
+    tasks = training_items(settings, tmp_path, template)
+    assert tasks[0][0].chat_template is template
+    with pytest.raises(UserError, match="'chat', which scores conversations .*experiment=sft"):
+        training_items(settings, tmp_path, None)  # a pretraining run has no template
+    logged = tasks_in_training(model, template.tokenizer, tasks, "cpu")
     assert logged == {"eval/chat/exact_match": pytest.approx(2 / 5)}
 
 
