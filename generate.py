@@ -33,6 +33,11 @@ def run(cfg: GenerateSchema | DictConfig, out=sys.stdout) -> list[str]:
 
     validate_sampling(cfg.temperature, cfg.top_k, cfg.top_p)  # fail before loading anything
     _check_options(cfg)
+    if cfg.chat:
+        from minigpt.chat.cli import run_chat
+
+        run_chat(cfg, out)
+        return []
     prompts = _read_prompts(cfg)
     loaded = load_for_inference(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root,
                                 device=cfg.device, dtype=cfg.dtype)
@@ -116,8 +121,29 @@ def _check_options(cfg: GenerateSchema) -> None:
         problems.append("give one of prompt, prompt_file and prompts")
     if cfg.prompts is not None and cfg.attention_map:
         problems.append("attention_map draws one prompt: give prompt=..., not prompts")
+    problems += _chat_problems(cfg)
     if problems:
         raise ValueError("; ".join(problems))
+
+
+def _chat_problems(cfg: GenerateSchema) -> list[str]:
+    """The options chat mode does not combine with, and the chat_* options it needs."""
+    if not cfg.chat:
+        given = [k for k in ("chat_input", "chat_output", "chat_template")
+                 if getattr(cfg, k) is not None]
+        return [f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for chat mode: add "
+                "chat=true"] if given else []
+    given = {"prompt": bool(cfg.prompt), "prompt_file": cfg.prompt_file is not None,
+             "prompts": cfg.prompts is not None, "attention_map": bool(cfg.attention_map)}
+    problems = [f"{key}= is not read in chat mode (a chat turn is the user's message): drop it"
+                for key, used in given.items() if used]
+    if cfg.num_samples != 1:
+        problems.append(f"num_samples={cfg.num_samples}: chat replies once per turn; drop it")
+    if cfg.decoder == "compiled":
+        problems.append("decoder=compiled: chat decodes with the eager KV cache; drop it")
+    if cfg.chat_output is not None and cfg.chat_input is None:
+        problems.append("chat_output= writes the replies to chat_input=FILE.jsonl: give both")
+    return problems
 
 
 def _read_prompts(cfg: DictConfig) -> list[str]:
@@ -153,12 +179,12 @@ def _read_file(path) -> str:
 
 class _StreamPrinter:
     """``on_token`` callback for one sample: print each token's text as soon as it is complete
-    (a BPE token can end inside a multi-byte character; its text waits for the next one)."""
+    (``minigpt.chat.session.TextStream``: a BPE token can end inside a multi-byte character)."""
 
     def __init__(self, tokenizer, out, eos_id: int | None):
-        self.tokenizer, self.out, self.eos_id = tokenizer, out, eos_id
-        self.ids: list[int] = []
-        self.printed = 0
+        from minigpt.chat.session import TextStream
+
+        self.text, self.out, self.eos_id = TextStream(tokenizer.decode), out, eos_id
         self.done = False
 
     def __call__(self, token) -> None:
@@ -166,19 +192,15 @@ class _StreamPrinter:
         if self.done or token == self.eos_id:
             self.done = True
             return
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
-        if not text.endswith("\ufffd"):
-            self._write(text)
+        self._write(self.text.push(token))
 
     def finish(self) -> None:
-        self._write(self.tokenizer.decode(self.ids))
+        self._write(self.text.flush())
         self.out.write("\n")
 
     def _write(self, text: str) -> None:
-        self.out.write(text[self.printed:])
+        self.out.write(text)
         self.out.flush()
-        self.printed = len(text)
 
 
 def _info(message: str) -> None:

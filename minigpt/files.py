@@ -10,6 +10,7 @@ import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from minigpt.errors import UserError
 
@@ -123,6 +124,41 @@ def text_lines(path: str | os.PathLike, encoding: str = "utf-8") -> Iterator[tup
             if "\0" in line:
                 raise _binary(path, number)
             yield number, line
+
+
+Parsed = TypeVar("Parsed")
+
+
+def read_jsonl(path: str | os.PathLike, parse: Callable[[dict, str], Parsed],
+               error: Callable[[str], Exception], limit: int | None = None) -> list[Parsed]:
+    """``parse(record, "<file>:<line>")`` of the JSON object on each non-blank line of a UTF-8
+    file, the first ``limit`` (all with None). A line that is not text, not JSON or not an
+    object raises ``error(message)``, the message naming the file and the line."""
+    import json
+
+    parsed = []
+    lines = text_lines(path)
+    try:
+        for number, line in lines:
+            if limit is not None and len(parsed) >= limit:
+                break
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise error(f"{where}: not JSON ({e.msg})") from None
+            except RecursionError:  # Python's JSON reader recurses once per level of nesting
+                raise error(f"{where}: JSON nested too deeply to read") from None
+            if not isinstance(record, dict):
+                raise error(f"{where}: a JSON {type(record).__name__}, not an object")
+            parsed.append(parse(record, where))
+    except TextFileError as e:  # binary content or not UTF-8, at the line it names
+        raise error(str(e)) from None
+    finally:
+        lines.close()
+    return parsed
 
 
 def refuse_binary(path: str | os.PathLike) -> None:

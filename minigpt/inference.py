@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minigpt.checkpoint import load_model
+from minigpt.chat.template import ChatTemplate, read_chat_template
+from minigpt.checkpoint import METADATA_KEY, load_model, read_checkpoint
 from minigpt.devices import check_device, inference_dtype
 from minigpt.errors import UserError
 from minigpt.model import GPT
@@ -33,6 +34,7 @@ class LoadedModel:
     device: str  # checked to exist on this machine
     dtype: torch.dtype  # the weights' (``place``) or the autocast's (``place(cast_weights=False)``)
     applied: list[str] = field(default_factory=list)  # CPU speedups ``place`` applied
+    chat_template: ChatTemplate | None = None  # a fine-tuned chat model's; None: a base model
 
     @property
     def dtype_name(self) -> str:
@@ -69,14 +71,17 @@ def load_for_inference(ckpt_path=None, pretrained=None, checkpoints_root="output
     """Check ``device`` and ``dtype`` (one ``UserError`` line each), then read the model:
     ``pretrained`` (a Hugging Face GPT-2 directory), ``ckpt_path`` (a training checkpoint), or
     the newest ``last.ckpt`` under ``checkpoints_root`` (``minigpt.checkpoint.load_model``).
-    The model comes back float32 on the CPU in eval mode; ``place`` it."""
+    The model comes back float32 on the CPU in eval mode; ``place`` it. A checkpoint of a
+    fine-tuned chat model brings its ``chat_template`` (``minigpt.chat.template``)."""
     device = check_device(device)
     weights_dtype = inference_dtype(dtype, device)
     model, tokenizer, source = load_model(ckpt_path, pretrained, checkpoints_root)
     if tokenizer.vocab_size > model.config.vocab_size:
         raise UserError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens but the "
                         f"model only {model.config.vocab_size}")
-    return LoadedModel(model, tokenizer, source, device, weights_dtype)
+    template = None if pretrained is not None else read_chat_template(
+        read_checkpoint(source)[METADATA_KEY], tokenizer)  # memory-mapped: a cheap second read
+    return LoadedModel(model, tokenizer, source, device, weights_dtype, chat_template=template)
 
 
 def load_for_scoring(ckpt_path=None, pretrained=None, checkpoints_root="outputs", *,

@@ -181,5 +181,5 @@ def test_a_users_eval_task_is_scored_in_training_and_from_the_command_line(tmp_p
     assert bad.returncode == 2, bad.stderr[-2000:]
     assert bad.stderr.strip().splitlines()[-1].endswith(
         "task='tests.extending_module.Nope' is not an evaluation task (AttributeError: module "
-        "'tests.extending_module' has no attribute 'Nope'): use hellaswag, or the dotted path of "
-        "a minigpt.eval.task.Task subclass importable from the working directory")
+        "'tests.extending_module' has no attribute 'Nope'): use hellaswag, chat, or the dotted "
+        "path of a minigpt.eval.task.Task subclass importable from the working directory")

@@ -4,7 +4,7 @@ A checkpoint is a dict saved with ``torch.save`` (through Lightning Fabric while
 tensors and plain types only, so ``torch.load(weights_only=True)`` reads it:
 
 - ``minigpt``: ``checkpoint_metadata(...)``, the model config and the tokenizer, enough to
-  rebuild the model without the YAML or the data directory;
+  rebuild the model without the YAML or the data directory (and a chat model's template);
 - the model's weights, prefixed ``model.`` (the training module's attribute, never
   ``_orig_mod.``): under ``model`` in ``format_version`` 2, under ``state_dict`` in version 1
   (written by Lightning's Trainer; still read and resumed);
@@ -40,8 +40,10 @@ METADATA_FILE = "meta.pt"  # the non-tensor part of a sharded checkpoint directo
 MODEL_FILE = "model.ckpt"  # the consolidated file, next to a sharded last.ckpt
 
 
-def checkpoint_metadata(model_config: dict, tokenizer: dict) -> dict:
-    """What ``generate.py`` needs to rebuild the model: plain dicts only (weights_only-safe)."""
+def checkpoint_metadata(model_config: dict, tokenizer: dict,
+                        chat_template: dict | None = None) -> dict:
+    """What ``generate.py`` needs to rebuild the model: plain dicts only (weights_only-safe).
+    A fine-tuned chat model adds its template (``minigpt.chat.template``, key ``chat_template``)."""
     from minigpt import __version__
 
     return {
@@ -49,6 +51,7 @@ def checkpoint_metadata(model_config: dict, tokenizer: dict) -> dict:
         "minigpt_version": __version__,
         "model_config": dict(model_config),
         "tokenizer": dict(tokenizer),
+        **({"chat_template": dict(chat_template)} if chat_template is not None else {}),
     }
 
 

@@ -50,10 +50,10 @@ class DirectCheckpointIO(TorchCheckpointIO):
 
 
 def training_state(module, optimizers: dict, schedulers: dict, data, progress: dict,
-                   model_config: dict, tokenizer: dict) -> dict:
+                   model_config: dict, tokenizer: dict, chat_template: dict | None = None) -> dict:
     """The state ``fabric.save`` writes: ``optimizers`` by name (``optimizer``, ``muon``) and
-    their schedulers' states under ``schedulers``. Collective (every process's RNG state is
-    gathered)."""
+    their schedulers' states under ``schedulers``; ``chat_template`` for a run on conversations.
+    Collective (every process's RNG state is gathered)."""
     return {
         "model": module,
         **optimizers,
@@ -61,7 +61,7 @@ def training_state(module, optimizers: dict, schedulers: dict, data, progress: d
         "data": data.state_dict(),
         **progress,  # format.PROGRESS_KEYS
         "rng_states": _gather(rng_state()),
-        METADATA_KEY: checkpoint_metadata(model_config, tokenizer),
+        METADATA_KEY: checkpoint_metadata(model_config, tokenizer, chat_template),
     }
 
 

@@ -80,13 +80,14 @@ GENERATE_RULES: dict[str, Rule] = {
     "max_new_tokens": AT_LEAST_0, "num_samples": AT_LEAST_1, "seed": AT_LEAST_0,
     "cpu_speedups": OneOf(("auto", False)), "dtype": OneOf(DTYPES),
     "decoder": OneOf(("auto", "eager", "compiled")),
+    "chat_template": OneOf(("default",)),
 }
 EVAL_COMMAND_RULES: dict[str, Rule] = {
     "task": Satisfies(lambda t: t in ("harness", *TASKS) or isinstance(t, str)
                       and "." in t.strip("."), f"one of {', '.join(TASKS)}, harness, or the "
                       "dotted path of a minigpt.eval.task.Task subclass"), "dtype": OneOf(DTYPES),
     "batch_size": AT_LEAST_1, "max_gen_toks": AT_LEAST_1, "limit": AT_LEAST_1,
-    "num_fewshot": AT_LEAST_0,
+    "num_fewshot": AT_LEAST_0, "chat_template": OneOf(("default",)),
 }
 VIZ_RULES: dict[str, Rule] = {
     "command": OneOf(("attention", "runs")), "dtype": OneOf(DTYPES),

@@ -204,6 +204,10 @@ class GenerateSchema:
     crop_to: int | None = None
     attention_map: str | None = None
     attention_layer: Any = 0  # a layer index, or all
+    chat: bool = False  # talk with a fine-tuned chat model in the terminal (minigpt.chat)
+    chat_input: str | None = None  # chat: answer each conversation of this .jsonl instead
+    chat_output: str | None = None  # chat_input: write {"reply", "reference"} lines here
+    chat_template: str | None = None  # null: the checkpoint's; default: the untrained template
 
 
 @dataclass
@@ -215,7 +219,8 @@ class EvalCommandSchema:
     ckpt_path: str | None = None  # a .ckpt file; null: the newest last.ckpt under checkpoints_root
     checkpoints_root: str = "outputs"
     pretrained: str | None = None  # a Hugging Face GPT-2 directory instead of a checkpoint
-    path: str | None = None  # HellaSwag items (its jsonl format); null: the validation set
+    path: str | None = None  # the task's items (HellaSwag's jsonl; chat: conversations); null:
+    # the task's default set (HellaSwag: the validation set)
     cache_dir: str = "data/eval"  # where the validation set is downloaded once
     limit: int | None = None  # the first N items (harness: per task); null: all
     batch_size: int = 16  # HellaSwag: items per forward pass (4 rows each); harness: rows
@@ -227,6 +232,9 @@ class EvalCommandSchema:
     num_fewshot: int | None = None  # harness: examples in each prompt; null: each task's default
     include_path: str | None = None  # harness: a directory of task YAMLs of your own
     max_gen_toks: int = 256  # harness: tokens generated when a task sets no limit
+    apply_chat_template: bool = False  # harness: prompts as conversations in the chat template
+    chat_template: str | None = None  # task=chat, apply_chat_template: null = the checkpoint's;
+    # default: the untrained template
 
 
 @dataclass

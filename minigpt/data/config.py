@@ -10,7 +10,8 @@ from minigpt.errors import UserError
 from minigpt.field_rules import OneOf, Range, Satisfies, field_problems
 from minigpt.tokenizer import TIKTOKEN_ENCODINGS
 
-SOURCES = ("shakespeare", "files", "hub", "shards")  # built in (shards: read as they are)
+SOURCES = ("shakespeare", "files", "hub", "shards", "chat")  # built in (shards: read as they
+# are; chat: conversations, minigpt.data.chat)
 FORMATS = ("auto", "text", "json", "parquet", "csv")
 SAMPLE_BY = ("document", "line", "paragraph")
 VAL_SPLITS = ("tail", "document")
@@ -105,7 +106,9 @@ class DataConfig:
         needs = {"files": (self.paths, "source=files needs paths (files or globs)"),
                  "hub": (self.hub_name, "source=hub needs hub_name"),
                  "shards": (self.train_shards and self.val_shards,
-                            "source=shards needs train_shards and val_shards (globs)")}
+                            "source=shards needs train_shards and val_shards (globs)"),
+                 "chat": (self.paths or self.hub_name,
+                          "source=chat needs paths (.jsonl files) or hub_name")}
         given, problem = needs.get(self.source, (True, ""))
         return [] if given else [problem]
 

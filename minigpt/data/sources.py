@@ -362,8 +362,22 @@ class ShardsSource(Source):
         return ShardStream.from_glob(getattr(cfg, f"{split}_shards"))
 
 
+
+class ChatSource(Source):
+    """``data.source=chat``: conversations (``minigpt.data.chat``), rendered with the chat
+    template when ``train.py`` starts rather than prepared into token files."""
+
+    def load(self, cfg):
+        raise DataError(f"data={cfg.name} (source=chat) has nothing to prepare: conversations are "
+                        "rendered when train.py starts (experiment=sft, docs/chat.md)")
+
+    def where(self, cfg):
+        return f"conversations {cfg.paths or cfg.hub_name}"
+
+
 SOURCES: dict[str, Source] = {"shakespeare": ShakespeareSource(), "files": FilesSource(),
-                              "hub": HubSource(), "shards": ShardsSource()}
+                              "hub": HubSource(), "shards": ShardsSource(),
+                              "chat": ChatSource()}
 
 
 def source_for(cfg: DataConfig) -> Source:

@@ -7,6 +7,11 @@ task asks for sampling). Tokenization of context/continuation pairs is the harne
 (``TemplateLM``: trailing spaces move to the continuation, the pair is encoded whole and split),
 so the log-likelihoods are those of the harness's ``hf`` model on the same weights.
 
+With a chat template (a model fine-tuned with ``experiment=sft``; ``apply_chat_template=true``
+on the command line) it implements lm-eval's chat hooks: ``apply_chat_template`` renders the
+harness's messages as text holding the template's special tokens (``ChatTemplate.decode``),
+``tok_encode`` reads those back as their ids, and generations stop at the template's end token.
+
 lm_eval's command line only builds models it imports itself; run this one with
 ``python -m minigpt.eval harness tasks=...`` or ``run_harness``.
 """
@@ -14,6 +19,8 @@ lm_eval's command line only builds models it imports itself; run this one with
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 from collections.abc import Callable
 
 from minigpt.errors import UserError
@@ -38,13 +45,15 @@ class MiniGPTLM(TemplateLM):
 
     ``batch_size``: rows per forward pass; ``autocast``: a function returning the context each
     forward pass runs in (``None``: the model's own dtype; a loaded model: ``dtype``'s);
-    ``max_gen_toks``: the default length of a generation when a task sets none.
+    ``max_gen_toks``: the default length of a generation when a task sets none;
+    ``chat_template``: the model's ``ChatTemplate``, for
+    ``simple_evaluate(..., apply_chat_template=True)``.
     """
 
     def __init__(self, model=None, tokenizer=None, *, ckpt_path=None, pretrained=None,
                  batch_size: int = 16, device: str = "cpu", dtype: str = "auto",
                  autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
-                 max_gen_toks: int = 256):
+                 max_gen_toks: int = 256, chat_template=None):
         super().__init__()
         if model is None:
             from minigpt.inference import load_for_scoring
@@ -52,11 +61,14 @@ class MiniGPTLM(TemplateLM):
             loaded = load_for_scoring(ckpt_path, pretrained, device=device, dtype=dtype)
             model, tokenizer, device = loaded.model, loaded.tokenizer, loaded.device
             autocast = autocast or loaded.scoring_autocast()
+            chat_template = chat_template or loaded.chat_template
         elif tokenizer is None:
             raise ValueError("MiniGPTLM needs the model's tokenizer with the model")
         self.model, self.tokenizer_ = model.to(device).eval(), tokenizer
         self.batch_size, self.device_, self.autocast = int(batch_size), device, autocast
         self.max_gen_toks = int(max_gen_toks)
+        self.template = chat_template
+        self._specials = None if chat_template is None else _special_ids(chat_template)
 
     @property
     def eot_token_id(self) -> int:
@@ -67,7 +79,40 @@ class MiniGPTLM(TemplateLM):
         return self.model.config.context_length
 
     def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> list[int]:
-        return self.tokenizer_.encode(string)
+        """The text's ids; with a chat template, its special-token text (as
+        ``apply_chat_template`` writes it) as their ids."""
+        if self._specials is None:
+            return self.tokenizer_.encode(string)
+        ids = []
+        for i, part in enumerate(self._specials[0].split(string)):  # text, special, text, ...
+            ids += [self._specials[1][part]] if i % 2 else self.tokenizer_.encode(part)
+        return ids
+
+    # ---- lm-eval's chat hooks ------------------------------------------------------------
+    @property
+    def tokenizer_name(self) -> str:
+        """Names the tokenizer and template in lm-eval's request-cache keys."""
+        return f"minigpt-{self.tokenizer_.name}" + ("" if self.template is None else
+                                                    f"-{self.template.to_dict()['format']}")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        """The template lm-eval records with the results (JSON of ``ChatTemplate.to_dict``);
+        None without one."""
+        return None if self.template is None else json.dumps(self.template.to_dict())
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]],
+                            add_generation_prompt: bool = True) -> str:
+        """The conversation as text, ending with the assistant's header (or, without
+        ``add_generation_prompt``, inside the last assistant message: a prefilled reply)."""
+        if self.template is None:
+            raise UserError("apply_chat_template needs a chat model: a checkpoint fine-tuned "
+                            "with experiment=sft, or chat_template=default")
+        history = list(chat_history)
+        prefill = None
+        if not add_generation_prompt and history and history[-1]["role"] == "assistant":
+            prefill = history.pop()["content"]
+        text = self.template.decode(self.template.prompt_ids(history))
+        return text if prefill is None else text + prefill
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
         """``(logprob, is_greedy)`` per ``(key, context_ids, continuation_ids)``; requests with
@@ -114,6 +159,8 @@ class MiniGPTLM(TemplateLM):
 
         from minigpt.sampling import generate
 
+        if self.template is not None:
+            return self._generate_reply(context, gen_kwargs)
         kwargs = dict(gen_kwargs)
         until = kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
@@ -138,6 +185,24 @@ class MiniGPTLM(TemplateLM):
         self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
         return text
 
+    def _generate_reply(self, context: str, gen_kwargs: dict) -> str:
+        """A chat model's greedy reply (``minigpt.chat.session``), to its end token, cut at the
+        first stop string; a context longer than the model's keeps its last tokens."""
+        from minigpt.chat.session import ChatSession
+
+        until = gen_kwargs.get("until") or []
+        until = [until] if isinstance(until, str) else list(until)
+        max_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
+        session = ChatSession(self.model, self.tokenizer_, self.template,
+                              max_new_tokens=max_new, autocast=self.autocast)
+        ids = self.tok_encode(context)[-max(1, self.max_length - max_new):]
+        text = session.complete(ids).text
+        for stop in until:
+            if stop:
+                text = text.split(stop)[0]
+        self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+        return text
+
     def _score(self, rows, disable_tqdm: bool):
         from tqdm import tqdm
 
@@ -148,11 +213,22 @@ class MiniGPTLM(TemplateLM):
                               autocast=self.autocast, progress=bar.update)
 
 
+def _special_ids(template) -> tuple[re.Pattern, dict[str, int]]:
+    """A pattern that splits text at the template's special-token text (kept, as the odd
+    parts), and each one's id; end-of-text is the template's BOS."""
+    from minigpt.tokenizer import EOT_TEXT
+
+    ids = {**template.special_ids, EOT_TEXT: template.bos_id}
+    return re.compile("(" + "|".join(map(re.escape, ids)) + ")"), ids
+
+
 def run_harness(lm: MiniGPTLM, tasks: list[str], *, num_fewshot: int | None = None,
-                limit: int | None = None, include_path=None, task_manager=None) -> dict:
+                limit: int | None = None, include_path=None, task_manager=None,
+                apply_chat_template: bool = False) -> dict:
     """``lm_eval.simple_evaluate`` on ``lm`` for ``tasks`` (names, or tasks in YAML files under
     ``include_path``; or those of a ready ``task_manager``); its results dict, without
-    per-sample logs."""
+    per-sample logs. ``apply_chat_template``: each prompt as a conversation in ``lm``'s chat
+    template (few-shot examples as earlier turns)."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
@@ -163,4 +239,5 @@ def run_harness(lm: MiniGPTLM, tasks: list[str], *, num_fewshot: int | None = No
         raise UserError(f"lm_eval knows no task {', '.join(map(repr, unknown))}; `lm_eval ls "
                         "tasks` lists them (a task of your own: include_path=DIR of task YAMLs)")
     return simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
-                           task_manager=manager, log_samples=False)
+                           task_manager=manager, log_samples=False,
+                           apply_chat_template=apply_chat_template)

@@ -14,7 +14,6 @@ file, downloaded once and cached.
 from __future__ import annotations
 
 import contextlib
-import json
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from pathlib import Path
 from minigpt.errors import UserError, first_line
 from minigpt.eval.scoring import Score, score_pairs
 from minigpt.eval.task import Task, evaluate
-from minigpt.files import TextFileError, atomic_write, text_lines
+from minigpt.files import atomic_write, read_jsonl
 
 VALIDATION_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VALIDATION_FILE = "hellaswag_val.jsonl"
@@ -67,32 +66,14 @@ def read_items(path, limit: int | None = None) -> list[Item]:
     if not path.is_file():
         raise FileNotFoundError(f"HellaSwag file {path} not found; give path=FILE.jsonl in "
                                 "HellaSwag's format, or path=null to download the validation set")
-    items = []
-    lines = text_lines(path)
-    try:
-        for number, line in lines:
-            if limit is not None and len(items) >= limit:
-                break
-            if line.strip():
-                items.append(_parse_item(line, f"{path}:{number}"))
-    except TextFileError as e:  # binary content or not UTF-8, at the line it names
-        raise HellaSwagError(f"{e}; {FORMAT}") from None
-    finally:
-        lines.close()
+    items = read_jsonl(path, _parse_item, lambda message: HellaSwagError(f"{message}; {FORMAT}"),
+                       limit)
     if not items:
         raise HellaSwagError(f"{path} holds no items; {FORMAT}")
     return items
 
 
-def _parse_item(line: str, where: str) -> Item:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise HellaSwagError(f"{where}: not JSON ({e.msg}); {FORMAT}") from None
-    except RecursionError:  # Python's JSON reader recurses once per level of nesting
-        raise HellaSwagError(f"{where}: JSON nested too deeply to read; {FORMAT}") from None
-    if not isinstance(record, dict):
-        raise HellaSwagError(f"{where}: a JSON {type(record).__name__}, not an object; {FORMAT}")
+def _parse_item(record: dict, where: str) -> Item:
     if isinstance(record.get("ctx"), str):
         context = record["ctx"]
     elif isinstance(record.get("ctx_a"), str) and isinstance(record.get("ctx_b"), str):

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from minigpt.dotted import named_object
 from minigpt.errors import UserError
+from minigpt.eval.chat import ChatTask
 from minigpt.eval.hellaswag import HellaSwag
 from minigpt.eval.task import Task
 
-TASKS: dict[str, type[Task]] = {"hellaswag": HellaSwag}
+TASKS: dict[str, type[Task]] = {"hellaswag": HellaSwag, "chat": ChatTask}
 
 
 def task_class(name: str, key: str = "task") -> type[Task]:

@@ -32,12 +32,19 @@ def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
 
         task = task_class(cfg.task)(cfg.path, cfg.cache_dir)
         items = task.items(cfg.limit)
-    model, tokenizer, source, device, autocast = _load(cfg)
+    loaded, autocast = _load(cfg)
+    model, tokenizer, source, device = loaded.model, loaded.tokenizer, loaded.source, loaded.device
+    chat = cfg.apply_chat_template if cfg.task == "harness" else task.uses_chat_template
+    template = None
+    if chat:
+        from minigpt.chat.cli import chat_template_of
+
+        template = chat_template_of(loaded, cfg.chat_template)
     if cfg.task == "harness":
         lm = MiniGPTLM(model, tokenizer, batch_size=cfg.batch_size, device=device,
-                       autocast=autocast, max_gen_toks=cfg.max_gen_toks)
-        results = run_harness(lm, tasks, num_fewshot=cfg.num_fewshot,
-                              limit=cfg.limit, include_path=cfg.include_path)
+                       autocast=autocast, max_gen_toks=cfg.max_gen_toks, chat_template=template)
+        results = run_harness(lm, tasks, num_fewshot=cfg.num_fewshot, limit=cfg.limit,
+                              include_path=cfg.include_path, apply_chat_template=chat)
         from lm_eval.utils import make_table
 
         out.write(make_table(results) + "\n")
@@ -46,6 +53,7 @@ def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
     else:
         from minigpt.eval.task import evaluate
 
+        task.chat_template = template
         result = {"source": source, **evaluate(
             task, model, tokenizer, items, batch_size=cfg.batch_size, device=device,
             autocast=autocast, progress=cfg.progress)}
@@ -61,22 +69,22 @@ def task_table(result: dict, metrics) -> str:
     name_width = max(10, len(result["task"]) + 1)
     widths = {m: max(7, len(m) + 1) for m in metrics}
     head = "".join(f" {m:>{w}}" for m, w in widths.items())
-    values = "".join(f" {result[m]:>{w}.4f}" for m, w in widths.items())
+    values = "".join(f" {result[m]:>{w}.4f}" if result[m] is not None else f" {'-':>{w}}"
+                     for m, w in widths.items())
     return (f"{'task':<{name_width}} {'n':>6}{head} {'truncated':>10}\n"
             f"{result['task']:<{name_width}} {result['n']:>6}{values} {result['truncated']:>10}")
 
 
 def _load(cfg: DictConfig):
-    """``(model, tokenizer, source, device, autocast)``: the model on its device with float32
-    weights, and the autocast its forward passes run in to compute in ``cfg.dtype`` (``None``:
+    """``(loaded, autocast)``: the model (``LoadedModel``) on its device with float32 weights,
+    and the autocast its forward passes run in to compute in ``cfg.dtype`` (``None``:
     float32), as training's evaluation does under mixed precision."""
     from minigpt.inference import load_for_scoring
 
     loaded = load_for_scoring(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root,
                               device=cfg.device, dtype=cfg.dtype)
     print(loaded.describe(), file=sys.stderr, flush=True)
-    return (loaded.model, loaded.tokenizer, loaded.source, loaded.device,
-            loaded.scoring_autocast())
+    return loaded, loaded.scoring_autocast()
 
 
 def _task_list(tasks) -> list[str]:
@@ -96,6 +104,9 @@ def _check_options(cfg: EvalCommandSchema) -> None:
         problems.append("give ckpt_path or pretrained, not both")
     if cfg.task != "harness" and cfg.tasks is not None:
         problems.append("tasks= is for the harness: python -m minigpt.eval harness tasks=...")
+    if cfg.task != "harness" and cfg.apply_chat_template:
+        problems.append("apply_chat_template=true is for the harness (task=chat always uses "
+                        "the template): drop it")
     if problems:
         raise UserError("; ".join(problems))
 

@@ -102,7 +102,7 @@ def score_rows(model, rows: Sequence[tuple[Sequence[int], int]], *, batch_size: 
         raise ValueError(f"batch_size={batch_size} must be at least 1")
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
     scores: list[Score | None] = [None] * len(rows)
-    with _evaluating(model):
+    with evaluating(model):
         for start in range(0, len(order), batch_size):
             batch = order[start:start + batch_size]
             for i, score in zip(batch, _score_batch(model, [rows[i] for i in batch], device,
@@ -138,7 +138,7 @@ def score_groups(model, groups: Sequence[tuple[Sequence[int], Sequence[Sequence[
     order = sorted(range(len(groups)), key=lambda g: -len(groups[g][0]))
     scores: list[list[Score]] = [[] for _ in groups]
     start = 0
-    with _evaluating(model):
+    with evaluating(model):
         while start < len(order):
             end = _batch_end(groups, order, start, batch_size, model.config.context_length)
             batch = order[start:end]
@@ -153,7 +153,7 @@ def score_groups(model, groups: Sequence[tuple[Sequence[int], Sequence[Sequence[
 
 
 @contextlib.contextmanager
-def _evaluating(model):
+def evaluating(model):
     """Eval mode and no autograd inside; the model's training flag as it was afterwards."""
     was_training = model.training
     model.eval()

@@ -1,5 +1,6 @@
 """An evaluation task is one class: its items, the continuations each item asks the model to
-score, each item's metrics from those scores, and the metrics' names. ``evaluate`` runs any task
+score (and, for a task that needs them, the model's greedy replies), each item's metrics from
+those, and the metrics' names. ``evaluate`` runs any task
 on a model, from ``python -m minigpt.eval task=...`` and during training (``eval.tasks``).
 
 A task of one's own subclasses ``Task`` in a module of its own and is named by its dotted path
@@ -23,10 +24,15 @@ class Task:
     ``name``: the metrics are logged as ``eval/<name>/<metric>`` (default: the class name in
     lower case); ``metrics``: the names of ``item_metrics``' values that are averaged over the
     items. ``path`` (``eval.path`` / ``path=``): a file of items, if the task reads one; null:
-    its own default, downloaded into ``cache_dir`` if it needs to be."""
+    its own default, downloaded into ``cache_dir`` if it needs to be.
+
+    A task that reads conversations sets ``uses_chat_template``; the command then gives it the
+    model's template as ``chat_template`` (``minigpt.chat.template``) before ``evaluate``."""
 
     name: str = ""
     metrics: tuple[str, ...] = ()
+    uses_chat_template: bool = False
+    chat_template = None
 
     def __init__(self, path: str | None = None, cache_dir: str | Path = "data/eval"):
         self.path, self.cache_dir = path, cache_dir
@@ -40,9 +46,17 @@ class Task:
         """The ``(context, continuation)`` token ids whose log-likelihood ``item`` needs."""
         raise NotImplementedError
 
-    def item_metrics(self, item, scores: Sequence[Score]) -> dict[str, Any]:
-        """``item``'s metrics from its requests' ``Score``s (in request order); the values
-        named in ``metrics`` are averaged, any other is kept for ``summary``."""
+    def replies(self, model, items: Sequence[Any], *, device="cpu",
+                autocast: Callable[[], contextlib.AbstractContextManager] | None = None
+                ) -> list[Any] | None:
+        """What the model generates for each item, handed to ``item_metrics`` as ``reply``;
+        None (the default): the task only scores continuations."""
+        return None
+
+    def item_metrics(self, item, scores: Sequence[Score], reply: Any = None) -> dict[str, Any]:
+        """``item``'s metrics from its requests' ``Score``s (in request order) and its
+        ``reply`` (``replies``); the values named in ``metrics`` are averaged over the items
+        that have them (None: not measured on this item), any other is kept for ``summary``."""
         raise NotImplementedError
 
     def summary(self, per_item: list[dict]) -> dict:
@@ -70,15 +84,22 @@ def evaluate(task: Task, model, tokenizer, items: Sequence[Any], *, batch_size: 
         bar = tqdm(total=len(pairs), desc=f"{task.name} requests", unit="request")
     try:
         scores, cut = score_pairs(model, pairs, device=device, autocast=autocast,
-                                  batch_size=batch_size * max((n for _, n in spans), default=1),
+                                  batch_size=batch_size * max([n for _, n in spans] + [1]),
                                   progress=None if bar is None else bar.update,
                                   through_forward=through_forward)
     finally:
         if bar is not None:
             bar.close()
-    per_item = [task.item_metrics(item, scores[start:start + n])
-                for item, (start, n) in zip(items, spans, strict=True)]
-    n = len(per_item)
-    return {"task": task.name, **{m: sum(r[m] for r in per_item) / n for m in task.metrics},
-            "n": n, "truncated": sum(any(cut[s:s + k]) for s, k in spans),
+    replies = task.replies(model, items, device=device, autocast=autocast)
+    per_item = [task.item_metrics(item, scores[start:start + n]) if replies is None else
+                task.item_metrics(item, scores[start:start + n], replies[i])
+                for i, (item, (start, n)) in enumerate(zip(items, spans, strict=True))]
+    return {"task": task.name, **{m: _mean([r.get(m) for r in per_item]) for m in task.metrics},
+            "n": len(per_item), "truncated": sum(any(cut[s:s + k]) for s, k in spans),
             **task.summary(per_item)}
+
+
+def _mean(values: list) -> float | None:
+    """The mean of the values that are not None; None if all are."""
+    measured = [v for v in values if v is not None]
+    return sum(measured) / len(measured) if measured else None

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from minigpt.errors import UserError
 from minigpt.eval.registry import task_class
 from minigpt.eval.task import Task, evaluate
 
@@ -23,13 +24,23 @@ if TYPE_CHECKING:
 EVAL_CACHE = "eval"  # under data_root: where a task's default items are downloaded once
 
 
-def training_items(eval_cfg: EvalSchema, data_root) -> list[tuple[Task, Sequence[Any]]] | None:
+def training_items(eval_cfg: EvalSchema, data_root, chat_template=None
+                   ) -> list[tuple[Task, Sequence[Any]]] | None:
     """Each task of ``eval.tasks`` with the items the run scores (the first ``eval.limit`` of
     ``eval.path``, or of the task's default set, downloaded once into ``<data_root>/eval``),
-    or ``None`` with ``every: 0``."""
+    or ``None`` with ``every: 0``. ``chat_template``: the run's (fine-tuning on conversations),
+    given to the tasks that read conversations (``task=chat``)."""
     if not eval_cfg.every:
         return None
-    return [(task, task.items(eval_cfg.limit)) for task in training_tasks(eval_cfg, data_root)]
+    tasks = training_tasks(eval_cfg, data_root)
+    for task in tasks:
+        if task.uses_chat_template:
+            if chat_template is None:
+                raise UserError(f"eval.tasks has {task.name!r}, which scores conversations "
+                                "through the run's chat template: fine-tune with "
+                                "experiment=sft (data=chat), or drop it from eval.tasks")
+            task.chat_template = chat_template
+    return [(task, task.items(eval_cfg.limit)) for task in tasks]
 
 
 def training_tasks(eval_cfg: EvalSchema, data_root) -> list[Task]:
@@ -60,5 +71,6 @@ def tasks_in_training(model, tokenizer, tasks: Sequence[tuple[Task, Sequence[Any
     for task, items in tasks:
         result = evaluate(task, model, tokenizer, items, batch_size=batch_size, device=device,
                           autocast=autocast, through_forward=through_forward)
-        metrics.update({f"eval/{task.name}/{m}": result[m] for m in task.metrics})
+        metrics.update({f"eval/{task.name}/{m}": result[m] for m in task.metrics
+                        if result[m] is not None})  # None: no item of the task measures it
     return metrics

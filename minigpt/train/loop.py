@@ -330,9 +330,11 @@ class Loop:
 
     def state(self) -> dict:
         self.progress.train_seconds = self.clock.elapsed
+        template = getattr(self.data, "template", None)  # conversations: the chat template
         return training_state(self.module, self.optimizers, self.schedulers, self.data,
                               self.progress.as_dict(), self.model.config.to_dict(),
-                              self.sampler.tokenizer.to_dict())
+                              self.sampler.tokenizer.to_dict(),
+                              template.to_dict() if template is not None else None)
 
     def save_and_exit(self) -> None:
         name, step = self.stop.signal_name, self.progress.global_step

@@ -6,12 +6,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import torch
 from lightning.fabric.utilities import rank_zero_info, rank_zero_warn
 
 from minigpt.checkpoint import load_checkpoint
 from minigpt.config.schema import ModelSchema
 from minigpt.errors import ConfigError
-from minigpt.model import GPT
+from minigpt.model import GPT, GPTConfig
 
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of 64 for faster matmuls
 
@@ -27,10 +28,13 @@ def padded_vocab_size(tokenizer_vocab: int, pinned: int | None) -> int:
     return pinned
 
 
-def init_model(model_cfg: ModelSchema | dict, tokenizer, vocab_size: int) -> GPT:
+def init_model(model_cfg: ModelSchema | dict, tokenizer, vocab_size: int,
+               min_vocab: int | None = None) -> GPT:
     """A fresh ``GPT``, or weights from ``model.init_from``: a Hugging Face GPT-2 directory
     (``GPT.from_pretrained``) or one of our ``.ckpt`` files. A pretrained source fixes the
-    architecture; ``model.dropout`` (and, for GPT-2, a shorter ``model.context_length``) apply."""
+    architecture; ``model.dropout`` (and, for GPT-2, a shorter ``model.context_length``) apply.
+    ``min_vocab``: the rows the run's ids need (a chat template's special tokens); a pretrained
+    model with fewer is grown (``grow_vocab``)."""
     if isinstance(model_cfg, dict):  # a dict of its fields, for scripts
         model_cfg = ModelSchema(**model_cfg)
     source = model_cfg.init_from
@@ -55,6 +59,31 @@ def init_model(model_cfg: ModelSchema | dict, tokenizer, vocab_size: int) -> GPT
     if model.config.vocab_size < tokenizer.vocab_size:
         raise ConfigError(f"model.init_from={source} has vocab_size={model.config.vocab_size}, "
                           f"smaller than the tokenizer's {tokenizer.vocab_size}")
+    if min_vocab is not None and model.config.vocab_size < min_vocab:
+        rows = model.config.vocab_size
+        model = grow_vocab(model, padded_vocab_size(min_vocab, None))
+        rank_zero_info(f"grew the embedding{'' if model.config.tie_head else ' and the LM head'} "
+                       f"of {source} from {rows} to {model.config.vocab_size} rows for the chat "
+                       "template's special tokens (new rows: the mean of the pretrained ones)")
     rank_zero_info(f"initialized from {source}: {model.config}")
     model.train()
     return model
+
+
+@torch.no_grad()
+def grow_vocab(model: GPT, vocab_size: int) -> GPT:
+    """A copy of ``model`` with ``vocab_size`` rows in every per-token table (the token
+    embedding, an untied LM head, value embeddings); each new row is the mean of the old rows
+    of its table, so a new token starts as an average token rather than a random one."""
+    old_rows = model.config.vocab_size
+    grown = GPT(GPTConfig.from_dict({**model.config.to_dict(), "vocab_size": vocab_size}))
+    target = grown.state_dict()
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if tensor.shape != target[name].shape:  # (old_rows, ...) -> (vocab_size, ...)
+            assert tensor.shape[0] == old_rows and target[name].shape[1:] == tensor.shape[1:]
+            mean = tensor.mean(dim=0, keepdim=True).expand(vocab_size - old_rows, *tensor.shape[1:])
+            tensor = torch.cat([tensor, mean])
+        state[name] = tensor
+    grown.load_state_dict(state)
+    return grown.train(model.training)

@@ -154,6 +154,10 @@ def prepare(train: TrainSchema, fabric: Fabric) -> Setup:
     """Data first: the model's vocabulary comes from the prepared data's tokenizer. Every rank
     calls this; preparation is locked and idempotent (one prepares, the rest reuse)."""
     data_cfg = train.data
+    if data_cfg.source == "chat":  # conversations, rendered in memory (supervised fine-tuning)
+        from minigpt.chat.setup import chat_setup
+
+        return Setup(data_cfg, *chat_setup(train, fabric))
     data_root = Path(train.data_root).expanduser().resolve()
     meta = prepare_tokens(data_cfg, data_root, progress=fabric.is_global_zero)
     tokenizer = tokenizer_from_dict(meta["tokenizer"])
@@ -215,13 +219,15 @@ def build_loop(train: TrainSchema, fabric: Fabric, plan: RunPlan, setup: Setup,
     # The first process of each machine downloads the tasks' items into the cache; the others
     # read them.
     with fabric.rank_zero_first(local=True):
-        eval_items = training_items(train.eval, Path(train.data_root).expanduser())
+        eval_items = training_items(train.eval, Path(train.data_root).expanduser(),
+                                    getattr(setup.data, "template", None))
     return Loop(
         fabric, plan, train, module=module, optimizers=optimizers, schedulers=schedulers,
         data=setup.data, checkpoints=CheckpointFiles(fabric, run_dir / "checkpoints"),
         sampler=Sampler(setup.tokenizer, run_dir / "samples.txt", train.sample, seed=train.seed),
         eval_items=eval_items,
-        bytes_per_token=bytes_per_token(setup.data, setup.tokenizer, setup.data_cfg.val_tokens),
+        bytes_per_token=None if setup.data_cfg.source == "chat" else  # a masked loss: no bpb
+        bytes_per_token(setup.data, setup.tokenizer, setup.data_cfg.val_tokens),
     )
 
 
