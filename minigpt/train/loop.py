@@ -182,7 +182,7 @@ class Loop:
 
     def clip_gradients(self) -> torch.Tensor:
         """``clip_gradients`` at ``optim.grad_clip``, as this run's plan needs it."""
-        return clip_gradients(self.fabric, self.module, self.optimizers["optimizer"],
+        return clip_gradients(self.fabric, self.module, self.optimizers.get("optimizer"),
                               self.settings.optim.grad_clip,
                               by_fabric=self.plan.fsdp or self.plan.precision.startswith("16"))
 
