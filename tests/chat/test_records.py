@@ -97,3 +97,22 @@ def test_preparing_chat_data_says_train_py_renders_it(tmp_path):
     with pytest.raises(DataError, match="source=chat.*nothing to prepare"):
         prepare_dataset(DataConfig(name="chat", source="chat", paths=[path]), tmp_path,
                         progress=False)
+
+
+def test_a_hugging_face_gpt2_is_grown_for_the_template(tmp_path, caplog):
+    from minigpt.config.schema import ModelSchema
+    from minigpt.tokenizer import get_tokenizer
+    from minigpt.train.model_init import init_model
+
+    torch.manual_seed(0)
+    small = GPT(GPTConfig(vocab_size=50257, context_length=8, n_layer=1, n_head=2, n_embd=8))
+    small.save_pretrained(str(tmp_path / "gpt2"))
+    template = ChatTemplate.for_tokenizer(get_tokenizer("gpt2"))
+    model = init_model(ModelSchema(init_from=str(tmp_path / "gpt2"), context_length=8),
+                       template.tokenizer, 50304,
+                       min_vocab=template.min_vocab_size)
+    assert model.config.vocab_size == 50304 and model.lm_head.weight is model.tok_emb.weight
+    torch.testing.assert_close(model.tok_emb.weight[:50257], small.tok_emb.weight)
+    torch.testing.assert_close(model.tok_emb.weight[template.end_id],
+                               small.tok_emb.weight.mean(0))
+    assert "grew the embedding of" in caplog.text and "from 50257 to 50304 rows" in caplog.text
