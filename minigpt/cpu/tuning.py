@@ -14,7 +14,7 @@ kernel over all its measurements kept: other work only ever adds time) while
 
 * its ratio is a close call (within ``MARGIN`` of 1: the default stays meanwhile), until it has
   been measured ``CLOSE_CALL_RUNS`` times;
-* it was measured under load (more runnable threads than cores) and the machine is quieter now;
+* it was measured under load (more runnable threads than cores) and the machine is not now;
 * ``KernelChoices(retune=True)`` (``MINIGPT_CPU_RETUNE=1``): everything afresh.
 
 ``KernelChoices(path)`` points it elsewhere (tests use a temporary directory); an unreadable or
@@ -124,8 +124,8 @@ class KernelChoices:
         if entry is None or self.retune:
             return True
         then = entry["load"]
-        if then is None or (then > LOADED_PER_CORE and load < then):
-            return True  # taken under load (or when unknown): a quieter moment reads truer
+        if then is None or (then > LOADED_PER_CORE >= load):
+            return True  # taken under load (or when unknown): a quiet moment reads truer
         close = default is not None and 1 / MARGIN < pick(entry["seconds"], default).ratio \
             < MARGIN
         return close and entry["runs"] < CLOSE_CALL_RUNS
