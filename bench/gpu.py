@@ -4,6 +4,7 @@
     python -m bench.gpu --batch 16 --new-tokens 256
     python -m bench.gpu --self-test      # a tiny config on the CPU in seconds (the default
                                          # without CUDA; the test suite runs it so it never rots)
+    python -m bench.gpu --compile-only   # 3.'s compile rows alone (on the CPU: model=toy)
 
 1. Training step, side by side in this process, each the training loop's own step
    (``bench.loop_step``: Fabric bf16-mixed, fused AdamW, gradient clipping, the schedule): our
@@ -17,13 +18,20 @@
    shapes on character data with the vocabulary pinned to 50304, so no download): the tokens/s
    and MFU it logs; the same with ``data.batch_size=auto`` (the micro-batch it chose on the
    card, and its MFU); then the same on 2 processes (DDP) when there are 2+ GPUs.
-3. Decoding as ``generate.py`` does it (``dtype=auto``: bf16 weights on GPUs; ``decoder=auto``:
+3. Fitting (issue 31): ``compile=blocks`` (each transformer block compiled once, reused) against
+   the whole-graph compile: compile seconds (the first step less a compiled one, each in a fresh
+   process with inductor's caches off) and step ms; and our step with activation checkpointing
+   (rows ``ac=blocks``, ``ac=selective``) beside the rows of 1., MFU counting the model's
+   FLOPs only (not the recomputation).
+4. Decoding as ``generate.py`` does it (``dtype=auto``: bf16 weights on GPUs; ``decoder=auto``:
    the compiled fixed-shape decoder, one CUDA graph per token, on GPUs; greedy) against
    ``transformers`` ``generate`` (bf16, cache), batch 1 and 8.
 
 Variants are stepped interleaved after warm-up (compilation happens there); medians. Targets
 (issue 11): training >= 1.3x transformers and >= 40% MFU on an H100; decoding >= 3x transformers
-at batch 1; (issue 21) Muon's step at most 5% slower than AdamW's. Without ``transformers`` installed its rows are skipped.
+at batch 1; (issue 21) Muon's step at most 5% slower than AdamW's; (issue 31) compile=blocks
+compiles in under half the whole graph's seconds, its step within 3% of the whole graph's.
+Without ``transformers`` installed its rows are skipped.
 """
 
 from __future__ import annotations
@@ -32,9 +40,12 @@ import argparse
 import contextlib
 import csv
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -51,6 +62,7 @@ from minigpt.inference import place_model
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate
 from minigpt.static_decoding import StaticDecoder
+from minigpt.train.activation_checkpointing import apply_activation_checkpointing
 from minigpt.train.device import compile_enabled
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: configs/, train.py
@@ -86,6 +98,12 @@ def gpu_plan(args) -> Plan:
                                f"data.batch_size={args.batch}"])
 
 
+def toy_plan() -> Plan:
+    """model=toy's shapes with GPT-2's vocabulary on the CPU (``--compile-only`` there)."""
+    config = GPTConfig(vocab_size=50304, context_length=256, n_layer=4, n_head=4, n_embd=256)
+    return replace(tiny_plan(), config=config, batch=8)
+
+
 def tiny_plan() -> Plan:
     config = GPTConfig(vocab_size=128, context_length=64, n_layer=2, n_head=2, n_embd=32)
     return Plan(torch.device("cpu"), config, batch=2, warmup=1, repeats=2, prompt_tokens=4,
@@ -98,11 +116,13 @@ def tiny_plan() -> Plan:
 # ---- 1. the training step, ours vs transformers ---------------------------------------------
 
 def _train_step(model: torch.nn.Module, plan: Plan, optim: dict | None = None,
-                fullgraph: bool = True):
+                fullgraph: bool = True, compile: bool | str | None = None):
     """The loop's own optimizer step (``bench.loop_step``) under bf16-mixed, the loss compiled
-    when ``plan.compiled``: ``optim`` (default: train.py's AdamW) over ``OPTIM``'s schedule."""
+    when ``plan.compiled`` (or as ``compile`` says: ``blocks``, each block on its own):
+    ``optim`` (default: train.py's AdamW) over ``OPTIM``'s schedule."""
     return loop_step(model, {**(optim or optim_settings()), **OPTIM}, precision="bf16-mixed",
-                     accelerator=plan.device.type, compile=plan.compiled, fullgraph=fullgraph)
+                     accelerator=plan.device.type,
+                     compile=plan.compiled if compile is None else compile, fullgraph=fullgraph)
 
 
 def _has_transformers() -> bool:
@@ -139,6 +159,13 @@ def training_steps(plan: Plan, attention: dict) -> dict:
     options, optim = recipe("modern")
     modern = GPT(replace(plan.config, **options)).to(plan.device).train()
     steps["ours, recipe=modern"] = _train_step(modern, plan, optim)
+    for mode in ("blocks", "selective"):
+        checkpointed = GPT(plan.config).to(plan.device).train()
+        apply_activation_checkpointing(checkpointed, mode)
+        steps[f"ours, ac={mode}"] = _train_step(checkpointed, plan)
+    if plan.compiled:
+        steps["ours, compile=blocks"] = _train_step(GPT(plan.config).to(plan.device).train(),
+                                                    plan, compile="blocks")
     if _has_transformers():
         hf = CausalLMWithLoss(_transformers_model(plan.config).train())
         steps["transformers"] = _train_step(hf, plan, fullgraph=False)
@@ -237,11 +264,16 @@ def step_peak_gib(run, device: torch.device, *args) -> float | None:
     return (torch.cuda.max_memory_allocated(device) - before) / 2**30
 
 
+def _batch(plan: Plan) -> torch.Tensor:
+    """Tokens and targets, (2, B, T): the same for every variant."""
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(0, plan.config.vocab_size, (2, plan.batch, plan.config.context_length),
+                         generator=gen).to(plan.device)
+
+
 def training_table(plan: Plan, attention: dict) -> dict:
     steps = training_steps(plan, attention)
-    gen = torch.Generator().manual_seed(0)
-    x, y = torch.randint(0, plan.config.vocab_size, (2, plan.batch, plan.config.context_length),
-                         generator=gen).to(plan.device)
+    x, y = _batch(plan)
     seconds = median_seconds(steps, plan, x, y, forbid_syncs=("ours",))
     peak = get_available_flops(plan.device, torch.bfloat16)
     flops_per_token = _flops_per_token(plan.config)  # the same architecture for both
@@ -294,7 +326,55 @@ def train_py_run(plan: Plan, work: Path, processes: int = 1, auto_batch: bool = 
             "warnings": [line for line in output.splitlines() if "samples are off" in line]}
 
 
-# ---- 3. decoding, generate.py's way vs transformers -----------------------------------------
+# ---- 3. compile=blocks against the whole-graph compile --------------------------------------
+
+COMPILE_MODES = {"whole graph": True, "compile=blocks": "blocks"}  # name -> ModelWithLoss's
+
+
+def compile_probe(plan: Plan, compile: bool | str, steps: int = 3) -> dict:
+    """In this process: the seconds the first training step spends compiling (its time less a
+    compiled step's) and a compiled step's ms (the median of ``steps``)."""
+    step = _train_step(GPT(plan.config).to(plan.device).train(), plan, compile=compile)
+    x, y = _batch(plan)
+    seconds = []
+    for _ in range(steps + 1):
+        _sync(plan.device)
+        start = time.perf_counter()
+        step(x, y)
+        _sync(plan.device)
+        seconds.append(time.perf_counter() - start)
+    steady = statistics.median(seconds[1:])
+    return {"compile_s": seconds[0] - steady, "step_ms": 1e3 * steady}
+
+
+def compile_table(flags: list[str]) -> dict:
+    """``compile_probe`` of each of ``COMPILE_MODES``, each in a fresh process (run with
+    ``flags``, so it builds this plan) with inductor's caches off, so neither reuses the
+    other's kernels."""
+    env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1", "PYTHONPATH": str(ROOT)}
+    rows = {}
+    for name, compile in COMPILE_MODES.items():
+        out = subprocess.run([sys.executable, "-m", "bench.gpu", *flags, "--compile-probe",
+                              json.dumps(compile)], env=env, capture_output=True, text=True,
+                             timeout=1800)
+        if out.returncode != 0:
+            raise RuntimeError(f"compile probe {name} failed:\n{out.stderr[-3000:]}")
+        rows[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    return rows
+
+
+def compile_lines(rows: dict) -> list[str]:
+    lines = [f"{'compile':<24} {'compile s':>9} {'step ms':>9}"]
+    lines += [f"{name:<24} {r['compile_s']:>9.1f} {r['step_ms']:>9.1f}" for name, r in rows.items()]
+    whole, blocks = rows["whole graph"], rows["compile=blocks"]
+    return lines + ["", _target("compile=blocks compiles in < half the whole graph's time "
+                                "(whole s / blocks s)", whole["compile_s"] / blocks["compile_s"],
+                                2.0),
+                    _target("compile=blocks step within 3% of the whole graph's (whole ms / "
+                            "blocks ms)", whole["step_ms"] / blocks["step_ms"], 1 / 1.03)]
+
+
+# ---- 4. decoding, generate.py's way vs transformers -----------------------------------------
 
 def decoding_table(plan: Plan, batches=(1, 8)) -> dict:
     """New tokens/s of greedy decoding with the KV cache for each batch size."""
@@ -386,9 +466,15 @@ def report(plan: Plan, train: dict, runs: list[dict], decode: dict,
               _target("Muon's step within 5% of AdamW's (AdamW ms / Muon ms)", muon_ratio,
                       1 / 1.05),
               f"recipe=modern's step: {modern_ratio:.2f}x gpt2's",
+              *[_checkpointing_line(train, mode) for mode in ("blocks", "selective")],
               _target("MFU >= 40% on an H100", mfu, 0.40),
               _target("decoding >= 3x transformers at batch 1", decode_ratio, 3.0)]
     return lines
+
+
+def _checkpointing_line(train: dict, mode: str) -> str:
+    ratio = train[f"ours, ac={mode}"]["step_ms"] / train["ours"]["step_ms"]
+    return f"activation checkpointing={mode}: step {ratio:.2f}x none's"
 
 
 def _target(what: str, value: float | None, goal: float) -> str:
@@ -403,14 +489,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=12, help="micro-batch at T=1024 (GPU)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--compile-only", action="store_true",
+                        help="only compile=blocks against the whole graph (CPU: model=toy)")
+    parser.add_argument("--compile-probe", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     cuda = torch.cuda.is_available() and not args.self_test
-    plan = gpu_plan(args) if cuda else tiny_plan()
+    plan = gpu_plan(args) if cuda else toy_plan() if args.compile_only else tiny_plan()
     if cuda:
         torch.set_float32_matmul_precision("high")  # as train.py
-    else:
+    elif not args.compile_only:
         torch.set_num_threads(1)  # tiny models: a second thread mostly waits
+    if args.compile_probe:
+        print(json.dumps(compile_probe(plan, json.loads(args.compile_probe))))
+        return 0
+    if args.compile_only or cuda:
+        flags = [f for f, on in (("--self-test", args.self_test),
+                                 ("--compile-only", args.compile_only)) if on]
+        compiles = compile_lines(compile_table(
+            [*flags, f"--batch={args.batch}", f"--repeats={args.repeats}"]))
+        if args.compile_only:
+            print(f"{plan.device}, model {plan.config.n_layer} x {plan.config.n_embd}, "
+                  f"T={plan.config.context_length}, batch {plan.batch}, bf16 autocast")
+            print("\n".join(compiles))
+            return 0
+    else:
+        compiles = ["compile=blocks against the whole graph: n/a (python -m bench.gpu "
+                    "--compile-only)"]
     attention = attention_calls(plan)
     train = training_table(plan, attention)
     with tempfile.TemporaryDirectory() as tmp:
@@ -418,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         if cuda and torch.cuda.device_count() >= 2:
             runs.append(train_py_run(plan, Path(tmp), processes=2))
     decode = decoding_table(plan)
-    print("\n".join(report(plan, train, runs, decode, attention)))
+    print("\n".join([*report(plan, train, runs, decode, attention), "", *compiles]))
     if not cuda:
         print("(self-test on the CPU: the numbers say the path runs, not how fast a GPU runs it)")
     return 1 if any(run["warnings"] for run in runs) else 0

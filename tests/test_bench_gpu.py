@@ -19,6 +19,8 @@ def test_gpu_bench_self_test_prints_its_table(tmp_path):
     for start in ("training step", "ours ", "train.py, 1 process(es)", "train.py, auto: B=", "decoding new tokens/s",
                   "batch 1 ", "batch 8 ", "target training >= 1.3x",
                   "target decoding >= 3x transformers at batch 1", "ours, Muon ",
-                  "ours, recipe=modern ", "target Muon's step within 5%", "recipe=modern's step"):
+                  "ours, recipe=modern ", "target Muon's step within 5%", "recipe=modern's step",
+                  "ours, ac=blocks ", "ours, ac=selective ", "activation checkpointing=blocks: ",
+                  "compile=blocks against the whole graph: n/a"):
         assert any(line.startswith(start) for line in lines), (start, result.stdout)
     assert "SAMPLES OFF" not in result.stdout

@@ -16,6 +16,7 @@ from minigpt.devices import DTYPES
 from minigpt.eval.registry import TASKS
 from minigpt.field_rules import OneOf, Range, Rule, Satisfies, field_problems
 from minigpt.model import GPT_CONFIG_RULES
+from minigpt.train.activation_checkpointing import ActivationCheckpointing
 from minigpt.train.batch_size import BUDGET_WORDS, is_memory_budget
 
 POSITIVE = Range(0, low_open=True)
@@ -59,6 +60,7 @@ TRAINER_RULES = {
                                      "NO_SHARD")),
     "fsdp.state_dict_type": OneOf(("sharded", "full")),
     "memory_budget": Satisfies(lambda v: v is None or is_memory_budget(v), f"null, {BUDGET_WORDS}"),
+    "activation_checkpointing": OneOf(tuple(ActivationCheckpointing)),
 }
 TRAIN_RULES: dict[str, Rule] = {
     **_under("model", GPT_CONFIG_RULES),
@@ -75,7 +77,7 @@ TRAIN_RULES: dict[str, Rule] = {
         isinstance(n, str) and n for n in t), "a list of task names or dotted paths, e.g. "
         "[hellaswag]"),
     "eval.every": AT_LEAST_0, "eval.limit": AT_LEAST_1, "eval.batch_size": AT_LEAST_1,
-    "compile": OneOf(("auto", True, False)), "cpu_speedups": OneOf(("auto", False)),
+    "compile": OneOf(("auto", True, False, "blocks")), "cpu_speedups": OneOf(("auto", False)),
     "threads": AT_LEAST_1, "peak_flops": POSITIVE,
 }
 GENERATE_RULES: dict[str, Rule] = {
@@ -131,6 +133,11 @@ def spanning_problems(train: TrainSchema) -> list[str]:
         problems.append(f"optim.head_lr={o.head_lr} needs model.tie_head=false (a tied head is "
                         "the token embedding): set optim.head_lr=null, and optim.embedding_lr "
                         "for both")
+    if t.fsdp.activation_checkpointing and t.activation_checkpointing not in ("none", "blocks"):
+        problems.append("trainer.fsdp.activation_checkpointing=true (the old spelling of "
+                        "trainer.activation_checkpointing=blocks) contradicts "
+                        f"trainer.activation_checkpointing={t.activation_checkpointing.value}: "
+                        "drop trainer.fsdp.activation_checkpointing")
     if t.stop_at_target and t.target_val_loss is None:
         problems.append("trainer.stop_at_target=true needs trainer.target_val_loss (the val/loss "
                         "to stop at): set it, or trainer.stop_at_target=false")

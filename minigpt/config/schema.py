@@ -15,6 +15,7 @@ from typing import Any
 
 from minigpt.data.config import DataConfig
 from minigpt.model import GPTConfig
+from minigpt.train.activation_checkpointing import ActivationCheckpointing
 
 
 @dataclass
@@ -85,7 +86,7 @@ class FSDPSchema:
     """``trainer.fsdp`` (read with ``trainer.strategy=fsdp`` only)."""
 
     sharding_strategy: str = "FULL_SHARD"  # or SHARD_GRAD_OP, HYBRID_SHARD (multi-node)
-    activation_checkpointing: bool = False  # recompute each Block in backward: less memory
+    activation_checkpointing: bool = False  # old spelling of trainer.activation_checkpointing=blocks
     state_dict_type: str = "sharded"  # or full: one .ckpt gathered on rank 0
 
 
@@ -109,6 +110,10 @@ class TrainerSchema:
     enable_progress_bar: bool = True
     target_val_loss: float | None = None  # report steps, tokens, time to the first val <= this
     stop_at_target: bool = False  # and stop there (needs target_val_loss)
+    # Recompute in backward what each Block's forward did not keep, on any strategy: none;
+    # blocks (keep each block's input only: least memory); selective (keep the matmul and
+    # attention outputs too, recompute norms and activations: between in memory and time).
+    activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
     fsdp: FSDPSchema = field(default_factory=FSDPSchema)
 
 
@@ -159,7 +164,8 @@ class TrainSchema:
     sample: SampleSchema = field(default_factory=SampleSchema)
     eval: EvalSchema = field(default_factory=EvalSchema)
     seed: int = 1337
-    compile: Any = "auto"  # auto (on GPUs) | true | false
+    compile: Any = "auto"  # auto (on GPUs) | true (the loss as one graph) | blocks (each
+    # transformer block compiled on its own, once) | false
     ckpt_path: str | None = None  # resume: last (the newest outputs/**/last.ckpt) or a path
     data_root: str = "data"  # prepared token files live in <data_root>/<data.name>/
     peak_flops: float | None = None  # device peak FLOP/s for MFU where not known

@@ -1,6 +1,7 @@
 """Lightning Fabric for a run: accelerator, devices and nodes from the ``trainer`` group, the
 strategy (FSDP with one unit per transformer block and float32 gradient reduction), precision,
-loggers and hooks."""
+loggers and hooks. Activation checkpointing is not Fabric's here: the blocks are checkpointed
+before Fabric wraps them, on every strategy alike (``minigpt.train.activation_checkpointing``)."""
 
 from __future__ import annotations
 
@@ -36,12 +37,11 @@ def build_fabric(trainer: TrainerSchema, plan: RunPlan, loggers: list, callbacks
 
 
 def fsdp_strategy(plan: RunPlan, fsdp: FSDPSchema):
-    """One FSDP unit per transformer block; activation checkpointing per block if asked;
-    sharded checkpoints (each rank writes its shard, resumable on any number of processes) or
+    """One FSDP unit per transformer block (each checkpointed inside its unit when the run asks,
+    before wrapping); sharded checkpoints (each rank writes its shard, resumable on any number of processes) or
     one full file gathered into rank 0's memory."""
     return FSDPStrategy(
         auto_wrap_policy={Block},
-        activation_checkpointing_policy={Block} if plan.activation_checkpointing else None,
         sharding_strategy=fsdp.sharding_strategy,
         state_dict_type="sharded" if plan.sharded_checkpoints else "full",
         use_orig_params=True,

@@ -27,6 +27,7 @@ from tqdm import tqdm
 from minigpt.checkpoint.format import BEST, LAST
 from minigpt.checkpoint.write import CheckpointFiles, training_state
 from minigpt.config import TrainSchema
+from minigpt.cpu.blocks import compile_training_forward, is_compiled_for_training
 from minigpt.data import TokenDataModule
 from minigpt.errors import UserError, first_line
 from minigpt.eval.training import tasks_in_training
@@ -47,15 +48,22 @@ class ModelWithLoss(nn.Module):
     precision): a step is one forward through the wrapper, (B, T) tokens and targets in, the
     mean loss out. Its state dict is the model's prefixed ``model.``, every checkpoint's layout.
 
-    With ``compile``, the loss (forward, LM head and cross-entropy) is compiled as one graph and
-    the module itself is not wrapped, so parameter names keep no ``_orig_mod.`` prefix and
+    With ``compile=True``, the loss (forward, LM head and cross-entropy) is compiled as one graph
+    and the module itself is not wrapped, so parameter names keep no ``_orig_mod.`` prefix and
     sampling runs the model eagerly. Under FSDP the graph breaks at each unit, so it is not
-    required to be whole there."""
+    required to be whole there. With ``compile="blocks"`` each transformer block's training
+    call is compiled instead (one graph that every block reuses; built before Fabric wraps or
+    shards the model), its activation checkpointing included, and the rest stays eager."""
 
-    def __init__(self, model: GPT, compile: bool = False, fullgraph: bool = True):
+    def __init__(self, model: GPT, compile: bool | str = False, fullgraph: bool = True):
         super().__init__()
         self.model = model
-        self.loss = torch.compile(model.loss, fullgraph=fullgraph) if compile else model.loss
+        if compile == "blocks":
+            for block in model.blocks:
+                if not is_compiled_for_training(block):
+                    compile_training_forward(block)
+        whole = compile and compile != "blocks"
+        self.loss = torch.compile(model.loss, fullgraph=fullgraph) if whole else model.loss
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor,
                 document_ids: torch.Tensor | None = None) -> torch.Tensor:

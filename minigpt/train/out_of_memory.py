@@ -48,7 +48,7 @@ def out_of_memory_message(loop, error: BaseException) -> str:
     smaller = smaller_batch_size(plan, loop.model.config.to_dict())
     if smaller:
         fixes.append(f"data.batch_size={smaller} data.tokens_per_step={batch.tokens_per_step}")
-    if not (plan.fsdp and plan.activation_checkpointing):
+    if plan.activation_checkpointing != "blocks":
         fixes.append(CHECKPOINTING_SETTING)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not plan.fsdp and max(gpus, plan.world_size) > 1:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from minigpt.config import TrainSchema
+from minigpt.config import TrainerSchema, TrainSchema
 from minigpt.errors import ConfigError
+from minigpt.train.activation_checkpointing import ActivationCheckpointing
 from minigpt.train.batch_size import parse_memory_budget
 from minigpt.train.device import compile_enabled, default_precision, resolve_accelerator
 
@@ -80,7 +81,8 @@ class RunPlan:
 
     accelerator: str  # "cpu", "gpu", or another Lightning accelerator name
     precision: str  # Lightning's name: "bf16-mixed", "16-mixed", "32-true", ...
-    compile: bool  # the loss (forward + LM head + cross-entropy) compiled as one graph
+    compile: bool | str  # True: the loss (forward + LM head + cross-entropy) compiled as one
+    # graph; "blocks": each transformer block compiled on its own; False: eager
     cpu_speedups: bool  # minigpt.cpu's modules swapped in (CPU runs only)
     strategy: str  # "auto", "ddp", "fsdp", ...
     num_nodes: int
@@ -89,7 +91,7 @@ class RunPlan:
     log_every: int  # optimizer steps between metric read-backs
     limit_val_batches: int | float | None  # per process: a count, a fraction, or all
     sharded_checkpoints: bool  # FSDP writing one shard per process
-    activation_checkpointing: bool  # FSDP recomputing each block in backward
+    activation_checkpointing: str  # none | blocks | selective: what each block recomputes
     tokens_per_step: int | None  # data.tokens_per_step, as given
     accumulate: int  # trainer.accumulate_grad_batches, as given
     batch_size: int | str  # data.batch_size: the micro-batch of each process, or "auto"
@@ -142,6 +144,13 @@ class RunPlan:
         return self.cpu_speedups and not self.compile and not self.precision.startswith("16")
 
 
+def checkpointing_mode(trainer: TrainerSchema) -> str:
+    """``trainer.activation_checkpointing``'s value; the old ``trainer.fsdp.activation_checkpointing
+    =true`` means ``blocks``."""
+    mode = ActivationCheckpointing(trainer.activation_checkpointing).value
+    return "blocks" if mode == "none" and trainer.fsdp.activation_checkpointing else mode
+
+
 def resolve_plan(train: TrainSchema, world_size: int | None = None) -> RunPlan:
     """The plan for a training config; with ``world_size``, its batch too (``with_world``)."""
     t = train.trainer
@@ -149,7 +158,8 @@ def resolve_plan(train: TrainSchema, world_size: int | None = None) -> RunPlan:
     plan = RunPlan(
         accelerator=accelerator,
         precision=str(t.precision or default_precision(accelerator)),
-        compile=compile_enabled(train.compile, accelerator),
+        compile="blocks" if train.compile == "blocks" else compile_enabled(train.compile,
+                                                                           accelerator),
         cpu_speedups=accelerator == "cpu" and train.cpu_speedups is not False,
         strategy=t.strategy,
         num_nodes=t.num_nodes,
@@ -158,7 +168,7 @@ def resolve_plan(train: TrainSchema, world_size: int | None = None) -> RunPlan:
         log_every=t.log_every_n_steps,
         limit_val_batches=t.limit_val_batches,
         sharded_checkpoints=t.strategy == "fsdp" and t.fsdp.state_dict_type == "sharded",
-        activation_checkpointing=t.fsdp.activation_checkpointing,
+        activation_checkpointing=checkpointing_mode(t),
         tokens_per_step=train.data.tokens_per_step,
         accumulate=t.accumulate_grad_batches,
         batch_size=train.data.batch_size,

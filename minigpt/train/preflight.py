@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 
 from minigpt.errors import ResourceError
 from minigpt.model import GPTConfig
+from minigpt.train.activation_checkpointing import ActivationCheckpointing
 from minigpt.train.batch_size import (
     cgroup_memory_left,
     largest_divisor_at_most,
@@ -28,6 +29,10 @@ GiB = 1 << 30
 # the MLP's input, hidden pre- and post-GELU (1 + 4 + 4) - a few more counting SDPA's saved
 # output. The scores are never stored (SDPA), so there is no T x T term.
 ACTIVATION_ELEMENTS_PER_C = 18
+# What a block keeps per activation checkpointing mode (minigpt.train.activation_checkpointing):
+# all of the above; its input only (blocks); its input and the outputs of its matmuls and
+# attention (selective: input 1, q/k/v 3, attention 1, out_proj 1, MLP hidden 4 and output 1).
+KEPT_ELEMENTS_PER_C = {"none": ACTIVATION_ELEMENTS_PER_C, "blocks": 1, "selective": 11}
 # Rows of logits per chunk in minigpt.cpu.loss (its _CHUNK_ELEMENTS / V).
 LOSS_CHUNK_ELEMENTS = 1 << 25
 
@@ -76,14 +81,15 @@ def num_parameters(n_layer: int, n_embd: int, vocab_size: int, context_length: i
 def estimate_training_memory(model: GPTConfig | dict, batch_size: int, *,
                              precision: str = "32-true", chunked_loss: bool = False,
                              shards: int = 1,
-                             activation_checkpointing: bool = False) -> MemoryEstimate:
+                             activation_checkpointing: str = "none") -> MemoryEstimate:
     """Peak bytes of one forward + backward + AdamW step of a ``GPTConfig`` (or a dict of some
     of its fields, the rest at their defaults).
 
     ``precision``: Lightning's name (``32-true``, ``bf16-mixed``, ``16-mixed``, ``bf16-true``).
     ``shards``: processes that FSDP shards weights, gradients and optimizer state over.
     ``chunked_loss``: the LM-head loss of ``minigpt.cpu`` (no full logits) instead of plain
-    cross-entropy on (B, T, V) logits."""
+    cross-entropy on (B, T, V) logits. ``activation_checkpointing``: ``none``, ``blocks`` or
+    ``selective`` (``trainer.activation_checkpointing``), on any strategy."""
     m = model if isinstance(model, GPTConfig) else GPTConfig(**model)
     L, C, V, T = m.n_layer, m.n_embd, m.vocab_size, m.context_length
     P = num_parameters(L, C, V, T, m.position, m.kv_heads / m.n_head, norm=m.norm,
@@ -98,10 +104,11 @@ def estimate_training_memory(model: GPTConfig | dict, batch_size: int, *,
     gradients = P * weight_bytes // shards
     optimizer = 2 * P * weight_bytes // shards  # AdamW: first and second moments
     per_layer = tokens * ACTIVATION_ELEMENTS_PER_C * C * act_bytes
-    if activation_checkpointing:  # each block's input, plus one block recomputed in backward
-        activations = L * tokens * C * act_bytes + per_layer
-    else:
-        activations = (L + 1) * per_layer  # + the gradient of one layer's worth in backward
+    kept = tokens * KEPT_ELEMENTS_PER_C[ActivationCheckpointing(activation_checkpointing)] * C \
+        * act_bytes
+    # what every block keeps, plus one block's worth live in backward: its gradients, or its
+    # recomputed activations
+    activations = L * kept + per_layer
     activations += 4 * tokens * C * 4  # embeddings, final LayerNorm (float32), its gradient
     loss = _loss_bytes(tokens, C, V, act_bytes, chunked_loss)
     return MemoryEstimate(weights, gradients, optimizer, activations, loss)
@@ -134,7 +141,7 @@ def check_memory(estimate: MemoryEstimate, available: int, where: str, knobs: di
 
 
 # The setting that recomputes each block's activations in backward.
-CHECKPOINTING_SETTING = "trainer.fsdp.activation_checkpointing=true"
+CHECKPOINTING_SETTING = "trainer.activation_checkpointing=blocks"
 
 
 def available_memory(accelerator: str, processes_per_device: int = 1) -> tuple[int, str]:
@@ -178,11 +185,12 @@ def vocab_before_data(tokenizer_name: str) -> int:
 
 
 def plan_estimate(plan, model: dict, batch_size: int, *,
-                  activation_checkpointing: bool | None = None) -> MemoryEstimate:
+                  activation_checkpointing: str | None = None) -> MemoryEstimate:
     """``estimate_training_memory`` of one step of a run's plan (``minigpt.train.plan.RunPlan``)
-    at micro-batch ``batch_size``; ``activation_checkpointing``: the plan's unless given."""
+    at micro-batch ``batch_size``; ``activation_checkpointing`` (a mode): the plan's unless
+    given."""
     if activation_checkpointing is None:
-        activation_checkpointing = plan.fsdp and plan.activation_checkpointing
+        activation_checkpointing = plan.activation_checkpointing
     return estimate_training_memory(
         model, batch_size, precision=plan.precision, chunked_loss=plan.chunked_loss,
         shards=plan.world_size if plan.fsdp else 1,
@@ -213,26 +221,32 @@ def check_run_fits(plan, model: dict) -> None:
 
 def what_fits(plan, model: dict, available: int) -> str:
     """A phrase naming the settings whose estimated step fits in ``available`` bytes: the
-    largest smaller micro-batch that still reaches the plan's tokens per step, and the micro-
-    batch that fits with activation checkpointing (unless the plan has it already)."""
+    largest smaller micro-batch that still reaches the plan's tokens per step, and the largest
+    micro-batch with each activation checkpointing mode that keeps less than the plan's (where
+    it fits more than the options before it)."""
     batch = plan.batch
     rows = batch.batch_size * batch.accumulate  # per process and step: the sizes that divide them
 
-    def largest(checkpointing: bool) -> int:
+    def largest(mode: str) -> int:
         found = largest_that_fits(lambda n: plan_estimate(
-            plan, model, n, activation_checkpointing=checkpointing).total <= available,
-            batch.batch_size)
+            plan, model, n, activation_checkpointing=mode).total <= available, batch.batch_size)
         return largest_divisor_at_most(rows, found) if found else 0
 
     keep = f" data.tokens_per_step={batch.tokens_per_step}"  # the same global batch
     options = []
-    smaller = largest(plan.fsdp and plan.activation_checkpointing)
+    smaller = largest(plan.activation_checkpointing)
     if smaller:
         options.append(f"data.batch_size={smaller}{keep}")
-    if not (plan.fsdp and plan.activation_checkpointing):
-        recomputed = largest(True)
-        if recomputed:
-            options.append(f"data.batch_size={recomputed}{keep} {CHECKPOINTING_SETTING}")
+    best = smaller
+    for mode in FRUGAL_MODES[FRUGAL_MODES.index(plan.activation_checkpointing) + 1:]:
+        size = largest(mode)
+        if size > best:  # a mode is worth naming when it fits more than the ones before it
+            options.append(f"data.batch_size={size}{keep} trainer.activation_checkpointing={mode}")
+            best = size
     if not options:
         return "no micro-batch fits on one device, even with activation checkpointing"
     return "it fits with " + ", or with ".join(options)
+
+
+# Activation checkpointing modes, from the one that keeps the most to the one that keeps least.
+FRUGAL_MODES = ("none", "selective", "blocks")

@@ -43,6 +43,7 @@ from minigpt.eval.training import training_items, training_tasks
 from minigpt.files import atomic_write
 from minigpt.model import GPT
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
+from minigpt.train.activation_checkpointing import apply_activation_checkpointing
 from minigpt.train.auto_batch import batch_record, keep_global_batch, resolve_auto_batch
 from minigpt.train.config import check_config
 from minigpt.train.launch import build_fabric
@@ -114,6 +115,7 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     if resume is not None:
         check_resume_matches(resume, model_config, setup.tokenizer.to_dict())
     check_run_fits(plan, model_config)  # again with the exact vocabulary and architecture
+    apply_activation_checkpointing(setup.model, plan.activation_checkpointing)  # then compile
     apply_cpu_speedups(setup.model, plan)
     # Same initial weights on every rank (above); from here each rank draws its own dropout masks.
     Fabric.seed_everything(train.seed + fabric.global_rank, workers=True, verbose=False)
@@ -264,7 +266,8 @@ def describe(run_dir: Path, setup: Setup, plan: RunPlan, fabric: Fabric, ckpt_pa
         f"{model.config}\ndata: {setup.data_cfg.name}, tokenizer {tokenizer.name} (vocab "
         f"{tokenizer.vocab_size}, model vocab {model.config.vocab_size}), "
         f"{setup.meta['train_tokens']:,} train tokens\nbatch: {plan.batch.describe()}\n"
-        f"precision: {plan.precision}, compile: {plan.compile}, devices: {fabric.world_size} "
+        f"precision: {plan.precision}, compile: {plan.compile}, activation checkpointing: "
+        f"{plan.activation_checkpointing}, devices: {fabric.world_size} "
         f"process(es) on {fabric.device.type}, strategy: {type(fabric.strategy).__name__}"
         + (f"\nresuming from {ckpt_path}" if ckpt_path else "")
     )

@@ -94,12 +94,14 @@ def test_refusal_names_the_largest_micro_batch_and_checkpointing_that_fit():
     with pytest.raises(ResourceError) as error:
         check_run_fits(plan, model)
     message = str(error.value)
-    smaller = _largest_by_scan(plan, model, 3_000_000, 48, checkpointing=False)
-    recomputed = _largest_by_scan(plan, model, 3_000_000, 48, checkpointing=True)
-    assert 0 < smaller < 16 and smaller < recomputed
-    assert (f"it fits with data.batch_size={smaller} data.tokens_per_step=1536, or with "
-            f"data.batch_size={recomputed} data.tokens_per_step=1536 "
-            "trainer.fsdp.activation_checkpointing=true") in message
+    sizes = {mode: _largest_by_scan(plan, model, 3_000_000, 48, checkpointing=mode)
+             for mode in ("none", "selective", "blocks")}
+    # Selective recomputation fits 10, rounded to 8 (a divisor of 48): no more than without it.
+    assert sizes == {"none": 8, "selective": 8, "blocks": 16}
+    assert ("it fits with data.batch_size=8 data.tokens_per_step=1536, or with "
+            "data.batch_size=16 data.tokens_per_step=1536 trainer.activation_checkpointing=blocks;"
+            " make it smaller") in message
+    assert "=selective" not in message
     assert "\n" not in message
 
 
@@ -165,7 +167,7 @@ def test_out_of_memory_mid_run_is_one_line_and_resumes_with_the_smaller_batch(tm
         r"error: out of memory during training at step 3 \(OutOfMemoryError: CUDA out of memory\. "
         r"Tried to allocate 2\.00 GiB\); peak \d+\.\d\d GiB \(resident set\) with "
         r"data\.batch_size=4 x 2 micro-batch\(es\); it would fit with data\.batch_size=(\d) "
-        r"data\.tokens_per_step=256, or trainer\.fsdp\.activation_checkpointing=true; resume "
+        r"data\.tokens_per_step=256, or trainer\.activation_checkpointing=blocks; resume "
         rf"from {re.escape(str(last))} with `python train.py ckpt_path={re.escape(str(last))} "
         r"data\.batch_size=\1 data\.tokens_per_step=256`", line)
     assert match, line

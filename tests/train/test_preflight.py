@@ -43,7 +43,7 @@ def test_estimate_scales_as_it_should():
     assert estimate_training_memory(GPT2_SMALL, 8, chunked_loss=True).loss < eight.loss / 8
     sharded = estimate_training_memory(GPT2_SMALL, 2, shards=8)
     assert sharded.optimizer == pytest.approx(two.optimizer / 8, rel=1e-6)
-    recomputed = estimate_training_memory(GPT2_SMALL, 2, activation_checkpointing=True)
+    recomputed = estimate_training_memory(GPT2_SMALL, 2, activation_checkpointing="blocks")
     assert recomputed.activations < two.activations / 4
     half = estimate_training_memory(GPT2_SMALL, 2, precision="bf16-mixed")
     assert half.activations < two.activations
