@@ -39,17 +39,21 @@ LOSS_CHUNK_ELEMENTS = 1 << 25
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes one training step needs at its peak, by kind."""
+    """Bytes one training step needs, by kind, and at its peak (``total``)."""
 
     weights: int
     gradients: int
     optimizer: int
-    activations: int
+    activations: int  # kept for backward, and one block's worth live in it
     loss: int
+    backward_end: int  # held beside the gradients as backward ends
 
     @property
     def total(self) -> int:
-        return sum(getattr(self, f.name) for f in fields(self))
+        """Gradients fill in as backward frees the activations, so a step peaks as backward
+        starts (every kept activation, the loss's buffers) or as it ends (every gradient)."""
+        return self.weights + self.optimizer + max(self.activations + self.loss,
+                                                   self.gradients + self.backward_end)
 
     def describe(self) -> str:
         parts = ", ".join(f"{f.name} {getattr(self, f.name) / GiB:.2f}" for f in fields(self))
@@ -111,7 +115,10 @@ def estimate_training_memory(model: GPTConfig | dict, batch_size: int, *,
     activations = L * kept + per_layer
     activations += 4 * tokens * C * 4  # embeddings, final LayerNorm (float32), its gradient
     loss = _loss_bytes(tokens, C, V, act_bytes, chunked_loss)
-    return MemoryEstimate(weights, gradients, optimizer, activations, loss)
+    # as backward ends: the first block's activations and, with the chunked loss, the head's
+    # own (V, C) gradient before it joins the tied embedding's
+    backward_end = per_layer + (V * C * 4 if chunked_loss else 0)
+    return MemoryEstimate(weights, gradients, optimizer, activations, loss, backward_end)
 
 
 def _loss_bytes(tokens: int, C: int, V: int, act_bytes: int, chunked: bool) -> int:
