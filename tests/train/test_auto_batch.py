@@ -23,7 +23,7 @@ from minigpt.train.run import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-BUDGET = "3MB"  # the tiny model's step fits 7 rows of 32 tokens in it, with the headroom
+BUDGET = "3MB"  # the tiny model's step fits 8 rows of 32 tokens in it, with the headroom
 MODEL_VOCAB = 128  # shakespeare_char's vocabulary, padded
 
 
@@ -53,19 +53,19 @@ def test_auto_picks_the_largest_estimated_size_under_the_budget():
     plan, model = _plan("data.batch_size=auto", f"trainer.memory_budget={BUDGET}")
     choice = choose_from_estimate(plan, model)
     expected = _largest_by_scan(plan, model, 3_000_000, headroom=ESTIMATE_HEADROOM)
-    assert choice.batch_size == expected == 7
+    assert choice.batch_size == expected == 8
     assert "trainer.memory_budget" in choice.reason and "rounded" not in choice.reason
 
 
 def test_auto_rounds_down_to_divide_the_rows_of_tokens_per_step():
     plan, model = _plan("data.batch_size=auto", f"trainer.memory_budget={BUDGET}",
-                        "data.tokens_per_step=256")  # 8 rows of 32 tokens
+                        "data.tokens_per_step=384")  # 12 rows of 32 tokens
     choice = choose_from_estimate(plan, model)
-    assert choice.batch_size == _largest_by_scan(plan, model, 3_000_000, 8,
-                                                 headroom=ESTIMATE_HEADROOM) == 4
-    assert "7 would fit, rounded down to divide the 8 rows" in choice.reason
+    assert choice.batch_size == _largest_by_scan(plan, model, 3_000_000, 12,
+                                                 headroom=ESTIMATE_HEADROOM) == 6
+    assert "8 would fit, rounded down to divide the 12 rows" in choice.reason
     chosen = plan.with_batch_size(choice.batch_size).batch
-    assert (chosen.accumulate, chosen.tokens_per_step) == (2, 256)
+    assert (chosen.accumulate, chosen.tokens_per_step) == (2, 384)
 
 
 def test_auto_refuses_when_not_even_one_row_fits():
@@ -96,12 +96,11 @@ def test_refusal_names_the_largest_micro_batch_and_checkpointing_that_fit():
     message = str(error.value)
     sizes = {mode: _largest_by_scan(plan, model, 3_000_000, 48, checkpointing=mode)
              for mode in ("none", "selective", "blocks")}
-    # Selective recomputation fits 10, rounded to 8 (a divisor of 48): no more than without it.
-    assert sizes == {"none": 8, "selective": 8, "blocks": 16}
+    assert sizes == {"none": 8, "selective": 12, "blocks": 16}  # each a divisor of 48
     assert ("it fits with data.batch_size=8 data.tokens_per_step=1536, or with "
-            "data.batch_size=16 data.tokens_per_step=1536 trainer.activation_checkpointing=blocks;"
-            " make it smaller") in message
-    assert "=selective" not in message
+            "data.batch_size=12 data.tokens_per_step=1536 trainer.activation_checkpointing="
+            "selective, or with data.batch_size=16 data.tokens_per_step=1536 "
+            "trainer.activation_checkpointing=blocks; make it smaller") in message
     assert "\n" not in message
 
 
@@ -121,22 +120,22 @@ def test_auto_run_records_its_choice_and_a_resume_keeps_the_global_batch(tmp_pat
             "trainer.val_check_interval=2"]
     summary = run(tiny_cfg(data_root, *auto), tmp_path / "run")
     out = capsys.readouterr().out
-    assert "data.batch_size=auto chose 7: its estimated step" in out
-    assert "batch: 7 x 32 tokens x 1 micro-batch(es)" in out
+    assert "data.batch_size=auto chose 8: its estimated step" in out
+    assert "batch: 8 x 32 tokens x 1 micro-batch(es)" in out
     assert summary["batch"] == json.loads((tmp_path / "run/summary.json").read_text())["batch"]
-    assert summary["batch"]["batch_size"] == 7 and summary["batch"]["tokens_per_step"] == 224
-    assert yaml.safe_load((tmp_path / "run/config.yaml").read_text())["data"]["batch_size"] == 7
+    assert summary["batch"]["batch_size"] == 8 and summary["batch"]["tokens_per_step"] == 256
+    assert yaml.safe_load((tmp_path / "run/config.yaml").read_text())["data"]["batch_size"] == 8
     last = tmp_path / "run/checkpoints/last.ckpt"
-    assert torch.load(last, weights_only=True)["batch"]["batch_size"] == 7
+    assert torch.load(last, weights_only=True)["batch"]["batch_size"] == 8
 
     # A smaller micro-batch on resume: the accumulation grows, the tokens per step stay.
     resumed = run(tiny_cfg(data_root, "data.batch_size=1", "trainer.max_steps=6",
                            "trainer.val_check_interval=2", f"ckpt_path={last}"),
                   tmp_path / "resumed")
-    assert "resuming with the checkpoint's 224 tokens per step" in capsys.readouterr().out
+    assert "resuming with the checkpoint's 256 tokens per step" in capsys.readouterr().out
     assert resumed["steps"] == 6
     assert {k: resumed["batch"][k] for k in ("batch_size", "accumulate", "tokens_per_step")} == \
-        {"batch_size": 1, "accumulate": 7, "tokens_per_step": 224}
+        {"batch_size": 1, "accumulate": 8, "tokens_per_step": 256}
 
 
 class OutOfMemoryAtStep:
