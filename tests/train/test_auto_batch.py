@@ -181,3 +181,19 @@ def test_out_of_memory_mid_run_is_one_line_and_resumes_with_the_smaller_batch(tm
     assert resumed["steps"] == 6
     assert resumed["batch"]["tokens_per_step"] == 256
     assert resumed["batch"]["accumulate"] == 8 // smaller
+
+
+def test_bench_fits_table_grows_with_the_card_and_the_recomputation():
+    """bench.auto_batch --fits (the README's table) stays runnable and sensible."""
+    from bench.auto_batch import CARDS_GIB, fits_table
+
+    rows = fits_table()
+    assert {(r["model"], r["checkpointing"]) for r in rows} == {
+        (m, c) for m in ("GPT-2 small", "GPT-2 medium") for c in ("none", "selective", "blocks")}
+    for r in rows:
+        assert len(r["sizes"]) == len(CARDS_GIB) and r["sizes"] == sorted(r["sizes"])
+        assert r["sizes"][0] >= 1
+    by_mode = {(r["model"], r["checkpointing"]): r["sizes"] for r in rows}
+    for model in ("GPT-2 small", "GPT-2 medium"):
+        none, selective, blocks = (by_mode[model, c] for c in ("none", "selective", "blocks"))
+        assert all(a < b < c for a, b, c in zip(none, selective, blocks, strict=True))
