@@ -51,8 +51,9 @@ def run(model: dict, budget: str, threads: int) -> dict:
     choice = choose_from_estimate(plan, model)
     rows = []
     for size in (choice.batch_size, 2 * choice.batch_size):
+        peak = measure(model, size, PRECISION, plan.chunked_loss, threads)["peak"]
         rows.append({"batch": size, "estimate": plan_estimate(plan, model, size).total,
-                     "measured": measure(model, size, PRECISION, plan.chunked_loss, threads)})
+                     "measured": peak})
     return {"budget": plan.memory_budget, "reason": choice.reason, "rows": rows,
             "met": rows[0]["measured"] <= plan.memory_budget < rows[1]["measured"]}
 
