@@ -16,7 +16,8 @@
    for the rest) and ``recipe=modern``'s model and optimizers (read from ``configs/recipe``).
 2. ``train.py`` itself for a few dozen steps (defaults: precision and compile auto, GPT-2 small
    shapes on character data with the vocabulary pinned to 50304, so no download): the tokens/s
-   and MFU it logs; then the same on 2 processes (DDP) when there are 2+ GPUs.
+   and MFU it logs; the same with ``data.batch_size=auto`` (the micro-batch it chose on the
+   card, and its MFU); then the same on 2 processes (DDP) when there are 2+ GPUs.
 3. Fitting (issue 31): ``compile=blocks`` (each transformer block compiled once, reused) against
    the whole-graph compile: compile seconds (the first step less a compiled one, each in a fresh
    process with inductor's caches off) and step ms; and our step with activation checkpointing
@@ -292,13 +293,15 @@ def _flops_per_token(config: GPTConfig) -> float:
 
 # ---- 2. train.py itself ---------------------------------------------------------------------
 
-def train_py_run(plan: Plan, work: Path, processes: int = 1) -> dict:
+def train_py_run(plan: Plan, work: Path, processes: int = 1, auto_batch: bool = False) -> dict:
     """``train.py`` for ``plan.run_steps`` steps with precision and compile left on auto, one
     validation and sample at the end; what it logged last (tokens/s is its moving average, so
-    the last logging interval's, so it must follow the compilation) and whether sampling
-    failed."""
-    name = f"run{processes}"
-    args = [*plan.run_overrides, "data=shakespeare_char", f"data_root={work / 'data'}",
+    the last logging interval's, so it must follow the compilation), the micro-batch it trained
+    with (``auto_batch``: ``data.batch_size=auto`` chose it) and whether sampling failed."""
+    name = f"run{processes}" + ("auto" if auto_batch else "")
+    overrides = [o for o in plan.run_overrides if not o.startswith("data.batch_size=")] + \
+        ["data.batch_size=auto"] if auto_batch else plan.run_overrides
+    args = [*overrides, "data=shakespeare_char", f"data_root={work / 'data'}",
             f"hydra.run.dir={work / name}", "logger=csv", "sample.max_new_tokens=8",
             "trainer.enable_progress_bar=false", f"trainer.max_steps={plan.run_steps}",
             f"trainer.val_check_interval={plan.run_steps}", "trainer.limit_val_batches=1",
@@ -316,8 +319,9 @@ def train_py_run(plan: Plan, work: Path, processes: int = 1) -> dict:
     last = rows[-1]
     precision = next((line.split(",")[0].removeprefix("precision: ")
                       for line in output.splitlines() if line.startswith("precision: ")), "?")
-    return {"processes": processes, "precision": precision,
-            "tokens_per_s": float(last["tokens_per_s"]),
+    batch = json.loads((work / name / "summary.json").read_text())["batch"]["batch_size"]
+    return {"processes": processes, "precision": precision, "auto_batch": auto_batch,
+            "batch": batch, "tokens_per_s": float(last["tokens_per_s"]),
             "mfu": float(last["mfu"]) if last.get("mfu") else None,
             "warnings": [line for line in output.splitlines() if "samples are off" in line]}
 
@@ -437,7 +441,8 @@ def report(plan: Plan, train: dict, runs: list[dict], decode: dict,
         lines.append(f"{variant:<24} {row['step_ms']:>9.1f} {row['tokens_per_s']:>11,.0f} "
                      f"{_fmt(row['mfu'], '>7.1%')} {_fmt(row['peak_gib'], '>9.2f')}")
     for run in runs:
-        label = f"train.py, {run['processes']} process(es)"
+        label = f"train.py, auto: B={run['batch']}" if run["auto_batch"] else \
+            f"train.py, {run['processes']} process(es)"
         lines.append(f"{label:<24} {'':>9} {run['tokens_per_s']:>11,.0f} "
                      f"{_fmt(run['mfu'], '>7.1%')} {'':>9}  precision {run['precision']}"
                      + ("; SAMPLES OFF" if run["warnings"] else ""))
@@ -514,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     attention = attention_calls(plan)
     train = training_table(plan, attention)
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [train_py_run(plan, Path(tmp))]
+        runs = [train_py_run(plan, Path(tmp)), train_py_run(plan, Path(tmp), auto_batch=True)]
         if cuda and torch.cuda.device_count() >= 2:
             runs.append(train_py_run(plan, Path(tmp), processes=2))
     decode = decoding_table(plan)

@@ -16,7 +16,7 @@ def test_gpu_bench_self_test_prints_its_table(tmp_path):
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     lines = result.stdout.splitlines()
     assert lines[0].startswith("CPU, torch ") and "model 2 x 32" in lines[0]
-    for start in ("training step", "ours ", "train.py, 1 process(es)", "decoding new tokens/s",
+    for start in ("training step", "ours ", "train.py, 1 process(es)", "train.py, auto: B=", "decoding new tokens/s",
                   "batch 1 ", "batch 8 ", "target training >= 1.3x",
                   "target decoding >= 3x transformers at batch 1", "ours, Muon ",
                   "ours, recipe=modern ", "target Muon's step within 5%", "recipe=modern's step",

@@ -28,8 +28,9 @@ READABLE_VERSIONS = (1, 2)
 METADATA_KEY = "minigpt"
 MODEL_PREFIX = "model."
 WEIGHTS_KEYS = ("model", "state_dict")  # where the weights sit: version 2, version 1
+# minigpt.train.loop.Progress, at the top level
 PROGRESS_KEYS = ("global_step", "best_val_loss", "val_loss", "validations", "train_seconds",
-                 "target", "eval_metrics")  # minigpt.train.loop.Progress, at the top level
+                 "target", "eval_metrics", "batch")
 # Version 1 (Lightning's Trainer): where its parts sit, by the name version 2 gives them.
 LEGACY_KEYS = {"model": "state_dict", "optimizer": "optimizer_states",
                "sharded_optimizer": "optimizer_0", "schedulers": "lr_schedulers",

@@ -42,6 +42,7 @@ class ResumePoint:
     tokenizer: dict
     format_version: int
     optimizers: frozenset | None  # the optimizers' names in a whole file; None: not known
+    batch: dict | None = None  # the run's batch (minigpt.train.auto_batch.batch_record)
 
 
 def read_resume_point(path: str, max_steps: int) -> ResumePoint:
@@ -62,7 +63,8 @@ def read_resume_point(path: str, max_steps: int) -> ResumePoint:
     # each optimizer has a scheduler of its name (minigpt.train.optim.checkpoint_name)
     optimizers = None if version < 2 or is_sharded_checkpoint(path) \
         else frozenset(checkpoint.get("schedulers") or ())
-    return ResumePoint(str(path), step, model_config, dict(meta["tokenizer"]), version, optimizers)
+    return ResumePoint(str(path), step, model_config, dict(meta["tokenizer"]), version, optimizers,
+                       checkpoint.get("batch"))
 
 
 def model_differences(resume: ResumePoint, model_config: dict, *, skip=()) -> list[str]:

@@ -11,12 +11,13 @@ from typing import Any
 
 from minigpt.config.reports import check_keys
 from minigpt.config.schema import EvalCommandSchema, GenerateSchema, TrainSchema, VizSchema
-from minigpt.data.config import DATA_RULES
+from minigpt.data.config import DATA_RULES, POSITIVE_INTEGER
 from minigpt.devices import DTYPES
 from minigpt.eval.registry import TASKS
 from minigpt.field_rules import OneOf, Range, Rule, Satisfies, field_problems
 from minigpt.model import GPT_CONFIG_RULES
 from minigpt.train.activation_checkpointing import ActivationCheckpointing
+from minigpt.train.batch_size import BUDGET_WORDS, is_memory_budget
 
 POSITIVE = Range(0, low_open=True)
 AT_LEAST_0, AT_LEAST_1 = Range(0), Range(1)
@@ -58,11 +59,14 @@ TRAINER_RULES = {
     "fsdp.sharding_strategy": OneOf(("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD",
                                      "NO_SHARD")),
     "fsdp.state_dict_type": OneOf(("sharded", "full")),
+    "memory_budget": Satisfies(lambda v: v is None or is_memory_budget(v), f"null, {BUDGET_WORDS}"),
     "activation_checkpointing": OneOf(tuple(ActivationCheckpointing)),
 }
 TRAIN_RULES: dict[str, Rule] = {
     **_under("model", GPT_CONFIG_RULES),
     **_under("data", DATA_RULES),
+    "data.batch_size": Satisfies(lambda v: v == "auto" or POSITIVE_INTEGER.test(v),
+                                 "a positive integer or auto (the largest that fits)"),
     **_under("optim", OPTIM_RULES),
     **_under("trainer", TRAINER_RULES),
     "logger.type": OneOf(("wandb", "csv", "none")),

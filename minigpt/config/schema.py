@@ -104,6 +104,8 @@ class TrainerSchema:
     val_check_interval: int = 200  # optimizer steps between validations (and checkpoints)
     limit_val_batches: Any = None  # null: the whole validation budget; a count or a fraction
     accumulate_grad_batches: int = 1  # micro-batches per step; derived from data.tokens_per_step
+    memory_budget: Any = None  # null, bytes, or a size such as 8GB / 12GiB: the most memory a
+    # training step may use (data.batch_size=auto stays under it; the preflight checks it)
     log_every_n_steps: int = 10
     enable_progress_bar: bool = True
     target_val_loss: float | None = None  # report steps, tokens, time to the first val <= this

@@ -18,6 +18,8 @@ VAL_SPLITS = ("tail", "document")
 ALIGNS = ("window", "bos")
 SAMPLINGS = ("random", "epoch")
 AT_LEAST_1 = Range(1)
+POSITIVE_INTEGER = Satisfies(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                             "a positive integer")
 # The one table of DataConfig's single-field rules (its types come from the annotations); a
 # training run's data.* checks are these too (minigpt.config.rules).
 DATA_RULES = {
@@ -33,7 +35,8 @@ DATA_RULES = {
                           "utf-8, latin-1, cp1252, utf-16)"),
     "val_fraction": Range(0, 1, low_open=True, high_open=True),
     "num_workers": Range(0),
-    **dict.fromkeys(("num_proc", "batch_size", "val_tokens", "max_documents", "max_tokens",
+    "batch_size": POSITIVE_INTEGER,  # a training config also takes auto (minigpt.config.rules)
+    **dict.fromkeys(("num_proc", "val_tokens", "max_documents", "max_tokens",
                      "val_batch_size", "tokens_per_step"), AT_LEAST_1),
 }
 
@@ -76,7 +79,7 @@ class DataConfig:
     val_split: str = "tail"  # [prepare] tail: last fraction of each document; document: whole docs
     num_proc: int = 1  # processes for datasets.map (tokenizer threads fill the remaining cores)
     cache_dir: str | None = None  # datasets cache for files/hub (None: the Hugging Face default)
-    batch_size: int = 32  # training micro-batch size (per process)
+    batch_size: Any = 32  # training micro-batch size (per process); a training run takes auto
     tokens_per_step: int | None = None  # global batch in tokens; None: trainer.accumulate_grad_batches
     val_batch_size: int | None = None  # default: batch_size
     num_workers: int = 0  # DataLoader workers

@@ -127,6 +127,7 @@ class Progress:
     train_seconds: float = 0.0  # training time so far (validation excluded)
     target: dict | None = None  # what reaching trainer.target_val_loss took, once it has
     eval_metrics: dict = field(default_factory=dict)  # the latest HellaSwag scores
+    batch: dict | None = None  # the batch this run trains with (auto_batch.batch_record)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -141,7 +142,7 @@ class Progress:
         return cls(step, stored.get("best_val_loss"), stored.get("val_loss"),
                    step // val_every if validations is None else int(validations),
                    float(stored.get("train_seconds") or 0.0), stored.get("target"),
-                   dict(stored.get("eval_metrics") or {}))
+                   dict(stored.get("eval_metrics") or {}), stored.get("batch"))
 
 
 class Loop:

@@ -5,6 +5,8 @@ this one object, so no two of them can derive a setting differently.
 ``data.tokens_per_step`` is the recipe's batch in tokens (nanoGPT's ~0.5M for GPT-2 small). The
 gradient accumulation that reaches it is derived here from the micro-batch, the context and the
 number of processes, so one command line trains the same recipe on 1, 8 or 64 GPUs.
+``data.batch_size=auto`` leaves the micro-batch open until the run has measured (or estimated)
+what fits (``minigpt.train.auto_batch``); ``with_batch_size`` then fixes it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, replace
 from minigpt.config import TrainerSchema, TrainSchema
 from minigpt.errors import ConfigError
 from minigpt.train.activation_checkpointing import ActivationCheckpointing
+from minigpt.train.batch_size import parse_memory_budget
 from minigpt.train.device import compile_enabled, default_precision, resolve_accelerator
 
 
@@ -91,19 +94,45 @@ class RunPlan:
     activation_checkpointing: str  # none | blocks | selective: what each block recomputes
     tokens_per_step: int | None  # data.tokens_per_step, as given
     accumulate: int  # trainer.accumulate_grad_batches, as given
-    batch_size: int  # data.batch_size: the micro-batch of each process
+    batch_size: int | str  # data.batch_size: the micro-batch of each process, or "auto"
     context_length: int  # the model's
-    batch: BatchPlan | None = None  # with_world's
+    memory_budget: int | None = None  # trainer.memory_budget in bytes: a cap on a step's memory
+    batch: BatchPlan | None = None  # with_world's (under auto: micro-batch 1 until it is chosen)
 
     @property
     def world_size(self) -> int:
         return self.batch.world_size
 
+    @property
+    def auto_batch(self) -> bool:
+        """``data.batch_size=auto``, not chosen yet."""
+        return self.batch_size == "auto"
+
+    @property
+    def rows_per_process(self) -> int | None:
+        """Rows of ``context_length`` tokens each process sees per step under
+        ``data.tokens_per_step`` (a micro-batch must divide them); None without it."""
+        if self.tokens_per_step is None:
+            return None
+        return self.tokens_per_step // (self.context_length * self.world_size)
+
     def with_world(self, world_size: int) -> RunPlan:
         """The plan with its batch for ``world_size`` processes; a ``ConfigError`` when the tokens
-        per step do not divide."""
-        return replace(self, batch=batch_plan(self.tokens_per_step, self.accumulate,
-                                              self.batch_size, self.context_length, world_size))
+        per step do not divide. Under ``auto`` the batch holds micro-batch 1 (what must fit at
+        the least) until ``with_batch_size``."""
+        micro = 1 if self.auto_batch else self.batch_size
+        return replace(self, batch=batch_plan(self.tokens_per_step, self.accumulate, micro,
+                                              self.context_length, world_size))
+
+    def with_batch_size(self, batch_size: int) -> RunPlan:
+        """The plan with micro-batch ``batch_size`` (and the accumulation derived from it)."""
+        return replace(self, batch_size=batch_size).with_world(self.world_size)
+
+    def with_tokens_per_step(self, tokens_per_step: int) -> RunPlan:
+        """The plan reaching ``tokens_per_step`` tokens per step, as ``data.tokens_per_step``
+        would (a resume keeping its checkpoint's global batch)."""
+        plan = replace(self, tokens_per_step=tokens_per_step)
+        return plan if self.batch is None else plan.with_world(self.world_size)
 
     @property
     def fsdp(self) -> bool:
@@ -144,5 +173,6 @@ def resolve_plan(train: TrainSchema, world_size: int | None = None) -> RunPlan:
         accumulate=t.accumulate_grad_batches,
         batch_size=train.data.batch_size,
         context_length=train.model.context_length,
+        memory_budget=parse_memory_budget(t.memory_budget),
     )
     return plan if world_size is None else plan.with_world(world_size)

@@ -11,12 +11,17 @@ Shape letters: B micro-batch, T context, C n_embd, L n_layer, V vocabulary, P pa
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, fields
 
-from minigpt.errors import ResourceError, first_line
+from minigpt.errors import ResourceError
 from minigpt.model import GPTConfig
 from minigpt.train.activation_checkpointing import ActivationCheckpointing
+from minigpt.train.batch_size import (
+    cgroup_memory_left,
+    largest_divisor_at_most,
+    largest_that_fits,
+    within_budget,
+)
 
 GiB = 1 << 30
 # Activations each block keeps for backward, in elements per token and per unit of C: LayerNorm
@@ -126,18 +131,24 @@ def _loss_bytes(tokens: int, C: int, V: int, act_bytes: int, chunked: bool) -> i
     return tokens * V * (12 + 2 * half)
 
 
-def check_memory(estimate: MemoryEstimate, available: int, where: str, knobs: dict) -> None:
-    """Refuse a step that will not fit: the estimate, the limit and the knobs (``{name: value}``
-    of the settings that shrink a step), in one line."""
+def check_memory(estimate: MemoryEstimate, available: int, where: str, knobs: dict,
+                 fits: str = "") -> None:
+    """Refuse a step that will not fit: the estimate, the limit, what would fit (``fits``, a
+    phrase) and the knobs (``{name: value}`` of the settings that shrink a step), in one line."""
     if estimate.total <= available:
         return
     settings = ", ".join(f"{k}={v}" for k, v in knobs.items())
     raise ResourceError(
         f"a training step needs about {estimate.describe()} but {where} has "
-        f"{available / GiB:.2f} GiB available; make it smaller: lower {settings}, reach the same "
+        f"{available / GiB:.2f} GiB available; " + (f"{fits}; " if fits else "") +
+        f"make it smaller: lower {settings}, reach the same "
         "batch with data.tokens_per_step (or trainer.accumulate_grad_batches), shard the model "
         "over devices with "
-        "trainer=fsdp, or recompute activations with trainer.fsdp.activation_checkpointing=true")
+        f"trainer=fsdp, or recompute activations with {CHECKPOINTING_SETTING}")
+
+
+# The setting that recomputes each block's activations in backward.
+CHECKPOINTING_SETTING = "trainer.activation_checkpointing=blocks"
 
 
 def available_memory(accelerator: str, processes_per_device: int = 1) -> tuple[int, str]:
@@ -149,6 +160,9 @@ def available_memory(accelerator: str, processes_per_device: int = 1) -> tuple[i
         free, _ = torch.cuda.mem_get_info()
         return free, f"GPU {torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
     available = _host_available()
+    left = cgroup_memory_left()  # a container's limit ends the process before the host is full
+    if left is not None:
+        available = min(available, left)
     return available // max(1, processes_per_device), "this machine's RAM" + (
         f" (per process, {processes_per_device} processes)" if processes_per_device > 1 else "")
 
@@ -177,36 +191,69 @@ def vocab_before_data(tokenizer_name: str) -> int:
     return _VOCAB_BEFORE_DATA.get(tokenizer_name, 50257)
 
 
-def check_run_fits(plan, model: dict) -> None:
-    """``check_memory`` for a run's plan (``minigpt.train.plan.RunPlan``) and the model it builds
-    (a GPTConfig dict), on the device the run will use."""
-    processes = plan.world_size // plan.num_nodes  # the processes sharing one machine's RAM
-    estimate = estimate_training_memory(
-        model, plan.batch.batch_size, precision=plan.precision,
-        chunked_loss=plan.chunked_loss,
+def plan_estimate(plan, model: dict, batch_size: int, *,
+                  activation_checkpointing: str | None = None) -> MemoryEstimate:
+    """``estimate_training_memory`` of one step of a run's plan (``minigpt.train.plan.RunPlan``)
+    at micro-batch ``batch_size``; ``activation_checkpointing`` (a mode): the plan's unless
+    given."""
+    if activation_checkpointing is None:
+        activation_checkpointing = plan.activation_checkpointing
+    return estimate_training_memory(
+        model, batch_size, precision=plan.precision, chunked_loss=plan.chunked_loss,
         shards=plan.world_size if plan.fsdp else 1,
-        activation_checkpointing=plan.activation_checkpointing,
-    )
+        activation_checkpointing=activation_checkpointing)
+
+
+def memory_limit(plan) -> tuple[int, str]:
+    """Bytes one process of the plan may use for a step, and where they are: the device's
+    available memory (the host's split over the processes sharing it), capped by
+    ``trainer.memory_budget``."""
+    processes = plan.world_size // plan.num_nodes  # the processes sharing one machine's RAM
     available, where = available_memory(plan.accelerator,
                                         processes if plan.accelerator == "cpu" else 1)
+    return within_budget(available, where, plan.memory_budget)
+
+
+def check_run_fits(plan, model: dict) -> None:
+    """``check_memory`` for a run's plan and the model it builds (a GPTConfig dict), on the
+    device the run will use; a refusal names the largest micro-batch and the activation
+    checkpointing that would fit."""
+    batch_size = plan.batch.batch_size
+    estimate = plan_estimate(plan, model, batch_size)
+    available, where = memory_limit(plan)
+    fits = "" if estimate.total <= available else what_fits(plan, model, available)
     check_memory(estimate, available, where, {
-        "data.batch_size": plan.batch.batch_size, "model.context_length": model["context_length"]})
+        "data.batch_size": batch_size, "model.context_length": model["context_length"]}, fits)
 
 
-@contextlib.contextmanager
-def out_of_memory_as_resource_error(cfg):
-    """An out-of-memory error during training (a CUDA OOM, or the CPU allocator giving up)
-    becomes one line with the same advice as the preflight."""
-    import torch
+def what_fits(plan, model: dict, available: int) -> str:
+    """A phrase naming the settings whose estimated step fits in ``available`` bytes: the
+    largest smaller micro-batch that still reaches the plan's tokens per step, and the largest
+    micro-batch with each activation checkpointing mode that keeps less than the plan's (where
+    it fits more than the options before it)."""
+    batch = plan.batch
+    rows = batch.batch_size * batch.accumulate  # per process and step: the sizes that divide them
 
-    try:
-        yield
-    except (torch.OutOfMemoryError, RuntimeError) as e:
-        if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
-            raise
-        raise ResourceError(
-            f"out of memory during training ({first_line(e, 120)}); make a step smaller: lower "
-            f"data.batch_size={cfg.data.batch_size} or model.context_length="
-            f"{cfg.model.context_length}, reach the same batch with data.tokens_per_step (or "
-            "trainer.accumulate_grad_batches), shard with trainer=fsdp, or recompute activations "
-            "with trainer.fsdp.activation_checkpointing=true") from None
+    def largest(mode: str) -> int:
+        found = largest_that_fits(lambda n: plan_estimate(
+            plan, model, n, activation_checkpointing=mode).total <= available, batch.batch_size)
+        return largest_divisor_at_most(rows, found) if found else 0
+
+    keep = f" data.tokens_per_step={batch.tokens_per_step}"  # the same global batch
+    options = []
+    smaller = largest(plan.activation_checkpointing)
+    if smaller:
+        options.append(f"data.batch_size={smaller}{keep}")
+    best = smaller
+    for mode in FRUGAL_MODES[FRUGAL_MODES.index(plan.activation_checkpointing) + 1:]:
+        size = largest(mode)
+        if size > best:  # a mode is worth naming when it fits more than the ones before it
+            options.append(f"data.batch_size={size}{keep} trainer.activation_checkpointing={mode}")
+            best = size
+    if not options:
+        return "no micro-batch fits on one device, even with activation checkpointing"
+    return "it fits with " + ", or with ".join(options)
+
+
+# Activation checkpointing modes, from the one that keeps the most to the one that keeps least.
+FRUGAL_MODES = ("none", "selective", "blocks")

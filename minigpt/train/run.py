@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -44,18 +44,16 @@ from minigpt.files import atomic_write
 from minigpt.model import GPT
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
 from minigpt.train.activation_checkpointing import apply_activation_checkpointing
+from minigpt.train.auto_batch import batch_record, keep_global_batch, resolve_auto_batch
 from minigpt.train.config import check_config
 from minigpt.train.launch import build_fabric
 from minigpt.train.loggers import build_loggers
 from minigpt.train.loop import Loop, ModelWithLoss, Progress
 from minigpt.train.model_init import init_model, padded_vocab_size
 from minigpt.train.optim import build_optimizers, check_optimizers_run, schedule_for
+from minigpt.train.out_of_memory import out_of_memory_as_resource_error
 from minigpt.train.plan import RunPlan, resolve_plan
-from minigpt.train.preflight import (
-    check_run_fits,
-    out_of_memory_as_resource_error,
-    vocab_before_data,
-)
+from minigpt.train.preflight import check_run_fits, vocab_before_data
 from minigpt.train.run_dir import hold_run_dir, remove_unstarted
 from minigpt.train.sample import Sampler, gathered_parameters
 
@@ -103,6 +101,7 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     loggers = build_loggers(train.logger, run_dir, resume.step if resume else None)
     fabric = build_fabric(train.trainer, plan, loggers, callbacks)
     plan = plan.with_world(fabric.world_size)  # the batch plan, once
+    plan, kept = keep_global_batch(plan, resume.batch if resume else None)
     preflight(train, plan, resume)  # before the data is prepared: bad sizes fail in seconds
     fabric.launch()
     Fabric.seed_everything(train.seed, workers=True, verbose=False)
@@ -110,7 +109,7 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     if train.threads:
         torch.set_num_threads(train.threads)
 
-    setup = prepare(train, fabric)
+    setup = prepare(_data_batch(train, plan), fabric)
     model_config = setup.model.config.to_dict()
     if resume is not None:
         check_resume_matches(resume, model_config, setup.tokenizer.to_dict())
@@ -120,15 +119,21 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     # Same initial weights on every rank (above); from here each rank draws its own dropout masks.
     Fabric.seed_everything(train.seed + fabric.global_rank, workers=True, verbose=False)
     loop = build_loop(train, fabric, plan, setup, run_dir)
+    choice = resolve_auto_batch(fabric, loop)  # before the data position is restored
+    plan, train = loop.plan, _data_batch(train, loop.plan)
     if resume is not None:
         restored = restore(fabric, resume, loop.module, loop.optimizers, loop.schedulers,
                            setup.data)
         loop.progress = Progress.restored(restored, plan.val_every)
         loop.pending_rng = restored["rng"]
+    loop.progress.batch = batch_record(plan, choice)
+    for line in (kept, choice and choice.describe()):
+        if line:
+            fabric.print(line)
     start_run_dir(train, fabric, setup, plan, run_dir, ckpt_path)
     status = "failed"  # what the loggers are told: a crash, or an interrupt's exit
     try:
-        with out_of_memory_as_resource_error(train):
+        with out_of_memory_as_resource_error(loop):
             loop.fit()
         if plan.sharded_checkpoints:
             consolidate_at_end(fabric, run_dir / "checkpoints")
@@ -137,6 +142,15 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
         for logger in fabric.loggers:
             logger.finalize(status)
     return finish(fabric, loop, run_dir)
+
+
+def _data_batch(train: TrainSchema, plan: RunPlan) -> TrainSchema:
+    """The config with the plan's micro-batch as ``data.batch_size``: under ``auto``, 1 until it
+    is chosen (the data module takes it then); the chosen size in ``config.yaml`` and the
+    loggers' hyperparameters."""
+    if train.data.batch_size == plan.batch.batch_size:
+        return train
+    return replace(train, data=replace(train.data, batch_size=plan.batch.batch_size))
 
 
 @dataclass
@@ -286,6 +300,7 @@ def finish(fabric: Fabric, loop: Loop, run_dir: Path) -> dict:
         "best": str(best) if best.exists() else None,
         "val_loss": loop.progress.val_loss,
         "steps": loop.progress.global_step,
+        "batch": loop.progress.batch,
         **({"target": loop.progress.target} if loop.settings.trainer.target_val_loss is not None
            else {}),
         **loop.progress.eval_metrics,

@@ -171,3 +171,32 @@ def test_ddp_and_fsdp_on_two_gloo_processes_train_as_without(tmp_path, data_root
     for checksum, val_loss, _ in (ddp, fsdp):
         assert checksum == pytest.approx(reference[0], rel=1e-5)
         assert val_loss == pytest.approx(reference[1], rel=1e-5)
+
+
+def test_config_keys_old_alias_and_errors(tmp_path, data_root):  # noqa: F811
+    """trainer.activation_checkpointing reaches the plan; the old FSDP key means blocks and
+    contradicting it is one phrase; compile=blocks is a compile mode of its own."""
+    from minigpt.config import TrainSchema, train_problems, typed
+    from minigpt.train.plan import resolve_plan
+
+    def plan_and_problems(*overrides):
+        train = typed(tiny_cfg(data_root, *overrides), TrainSchema)
+        return resolve_plan(train), train_problems(train)
+
+    plan, problems = plan_and_problems()
+    assert plan.activation_checkpointing == "none" and not problems
+    plan, _ = plan_and_problems("trainer.activation_checkpointing=selective", "compile=blocks")
+    assert (plan.activation_checkpointing, plan.compile) == ("selective", "blocks")
+    plan, problems = plan_and_problems("trainer.fsdp.activation_checkpointing=true")
+    assert plan.activation_checkpointing == "blocks" and not problems
+    _, problems = plan_and_problems("trainer.fsdp.activation_checkpointing=true",
+                                    "trainer.activation_checkpointing=selective")
+    assert problems == ["trainer.fsdp.activation_checkpointing=true (the old spelling of "
+                        "trainer.activation_checkpointing=blocks) contradicts "
+                        "trainer.activation_checkpointing=selective: drop "
+                        "trainer.fsdp.activation_checkpointing"]
+    result = _train_py(tmp_path, f"data_root={data_root}", "logger=none",
+                       "trainer.activation_checkpointing=all")
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "error: trainer.activation_checkpointing='all' does not fit its type: Invalid value "
+        "'all', expected one of [none, blocks, selective]")
