@@ -53,8 +53,8 @@ def loop_step(model: nn.Module, optim: dict | None = None, *, precision: str = "
     optimizers = {name: fabric.setup_optimizers(o) for name, o in built.items()}
 
     def clip() -> Tensor:  # the loop's clipping, on one device
-        return clip_gradients(fabric, module, optimizers["optimizer"], optim.get("grad_clip"),
-                              by_fabric=precision.startswith("16"))
+        return clip_gradients(fabric, module, optim.get("grad_clip"),
+                              optimizers["optimizer"] if precision.startswith("16") else None)
 
     def step(x: Tensor, y: Tensor) -> Tensor:
         return optimizer_step(fabric, module, optimizers, schedulers, iter([(x, y)]),

@@ -70,15 +70,15 @@ class ModelWithLoss(nn.Module):
         return self.loss(idx, targets, document_ids=document_ids)
 
 
-def clip_gradients(fabric: Fabric, module, optimizer, grad_clip: float | None, *,
-                   by_fabric: bool) -> torch.Tensor:
+def clip_gradients(fabric: Fabric, module, grad_clip: float | None,
+                   fabric_optimizer=None) -> torch.Tensor:
     """Clip the global gradient norm of ``module`` at ``grad_clip`` (none: inf); return the norm
     before clipping, on the device. ``error_if_nonfinite=True`` would read it back to the host.
-    ``by_fabric``: FSDP or fp16 precision, where Fabric clips (``optimizer``: the one optimizer
-    such a run has)."""
+    ``fabric_optimizer``: under FSDP or fp16 precision, the run's one optimizer, and Fabric
+    clips."""
     max_norm = grad_clip or math.inf
-    if by_fabric:  # Fabric's: the norm over all of FSDP's shards; fp16 gradients unscaled first
-        return fabric.clip_gradients(module, optimizer, max_norm=max_norm,
+    if fabric_optimizer is not None:  # the norm over all of FSDP's shards; fp16 unscaled first
+        return fabric.clip_gradients(module, fabric_optimizer, max_norm=max_norm,
                                      error_if_nonfinite=False)
     # The same clipping Fabric does elsewhere, summed in the model's parameter order (not the
     # optimizer groups'): the clip factor then rounds alike whatever the optimizers, and a run
@@ -183,9 +183,9 @@ class Loop:
 
     def clip_gradients(self) -> torch.Tensor:
         """``clip_gradients`` at ``optim.grad_clip``, as this run's plan needs it."""
-        return clip_gradients(self.fabric, self.module, self.optimizers.get("optimizer"),
-                              self.settings.optim.grad_clip,
-                              by_fabric=self.plan.fsdp or self.plan.precision.startswith("16"))
+        by_fabric = self.plan.fsdp or self.plan.precision.startswith("16")
+        return clip_gradients(self.fabric, self.module, self.settings.optim.grad_clip,
+                              self.optimizers["optimizer"] if by_fabric else None)
 
     # ---- the run --------------------------------------------------------------------------------
     def fit(self) -> Progress:
