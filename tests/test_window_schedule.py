@@ -134,3 +134,20 @@ def test_the_recompile_check_would_catch_a_window_held_as_an_int():
             layer.window = 20
         with pytest.raises(Exception, match="[Rr]ecompil"):
             compiled(idx)
+
+
+def test_flex_attention_takes_the_scheduled_window_as_a_tensor():
+    """The CUDA path (FlexAttention's block mask, its mask_mod closing over the window tensor),
+    run through flex_attention's reference implementation on the CPU, equals the CPU path
+    (SDPA under the dense document mask) with the same window as an int."""
+    from minigpt.documents import document_attention, flex_document_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 32, 8, generator=g) for _ in range(3))
+    document_ids = torch.tensor([[0] * 20 + [1] * 12, [0] * 5 + [1] * 27])
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for window in (4, 16, 32):
+        expected = document_attention(q, k, v, document_ids, window, None, 0.0, sdpa)
+        got = flex_document_attention(q, k, v, document_ids, torch.tensor(window), None,
+                                      compiled=False)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
