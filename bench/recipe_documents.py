@@ -41,14 +41,13 @@ def held_out_documents(prepared: Path, context_length: int) -> list[np.ndarray]:
 
 
 @torch.no_grad()
-def document_loss(model, documents: list[np.ndarray], batch_size: int = 64) -> float:
+def document_loss(model, documents: list[np.ndarray], batch_tokens: int = 2048) -> float:
     """Token-weighted mean next-token loss of ``documents``, each alone (right-padded in
-    batches of similar lengths: causal attention, so padding after a document changes nothing
-    before it; padded targets are ignored)."""
+    batches of similar lengths, about ``batch_tokens`` padded tokens each: causal attention, so
+    padding after a document changes nothing before it; padded targets are ignored)."""
     order = sorted(range(len(documents)), key=lambda i: len(documents[i]))
     total, count = 0.0, 0
-    for a in range(0, len(order), batch_size):
-        batch = [documents[i] for i in order[a:a + batch_size]]
+    for batch in _batches([documents[i] for i in order], batch_tokens):
         width = max(len(d) for d in batch) - 1
         idx = torch.zeros(len(batch), width, dtype=torch.long)
         targets = torch.full((len(batch), width), IGNORE, dtype=torch.long)
@@ -61,12 +60,27 @@ def document_loss(model, documents: list[np.ndarray], batch_size: int = 64) -> f
     return total / count
 
 
+def _batches(documents: list[np.ndarray], batch_tokens: int):
+    """Consecutive runs of ``documents`` (sorted by length) of at most ``batch_tokens`` padded
+    tokens (at least one document each)."""
+    batch = []
+    for document in documents:
+        if batch and (len(batch) + 1) * (len(document) - 1) > batch_tokens:
+            yield batch
+            batch = []
+        batch.append(document)
+    if batch:
+        yield batch
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     lab.add_run_arguments(parser, out="unused.png")
     parser.add_argument("--data", type=Path, default=Path("data/shakespeare_paragraphs"),
                         help="the prepared dataset the runs trained on")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--every", type=int, default=1,
+                        help="score every n-th held-out document (1: all)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print("| run | steps | logged val/loss | held-out documents' loss |")
@@ -75,10 +89,12 @@ def main(argv: list[str] | None = None) -> None:
     for run_dir, name in lab.labelled_runs(parser, args.run_dirs, args.labels):
         model, _, _ = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
         if documents is None:
-            documents = held_out_documents(args.data, model.config.context_length)
+            documents = held_out_documents(args.data, model.config.context_length)[::args.every]
         result = lab.summary(run_dir)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # as the runs validated
+            loss = document_loss(model.eval(), documents)
         print(f"| {name} | {result['steps']} | {lab.cell(result.get('val_loss'), '.4f')} | "
-              f"{document_loss(model.float().eval(), documents):.4f} |", flush=True)
+              f"{loss:.4f} |", flush=True)
     print(f"\n{len(documents):,} held-out documents, "
           f"{sum(len(d) - 1 for d in documents):,} scored tokens")
 

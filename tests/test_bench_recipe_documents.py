@@ -23,7 +23,8 @@ def test_padded_batches_give_each_document_alone():
         logits = model(torch.from_numpy(d[None, :-1]))
         total += F.cross_entropy(logits[0], torch.from_numpy(d[1:]), reduction="sum").item()
         count += len(d) - 1
-    assert document_loss(model, documents, batch_size=4) == pytest.approx(total / count, rel=1e-5)
+    assert document_loss(model, documents, batch_tokens=40) == pytest.approx(total / count,
+                                                                             rel=1e-5)
 
 
 def test_held_out_documents_are_the_val_splits(tmp_path):
