@@ -26,6 +26,9 @@
 4. Decoding as ``generate.py`` does it (``dtype=auto``: bf16 weights on GPUs; ``decoder=auto``:
    the compiled fixed-shape decoder, one CUDA graph per token, on GPUs; greedy) against
    ``transformers`` ``generate`` (bf16, cache), batch 1 and 8.
+5. The document mask (``bench.gpu_documents``): GPT-2 small's step on packed documents with
+   FlexAttention's block mask against causal SDPA at T=1024 and 8192, and with a 1024 window
+   against dense causal attention at 8192.
 
 Variants are stepped interleaved after warm-up (compilation happens there); medians. Targets
 (issue 11): training >= 1.3x transformers and >= 40% MFU on an H100; decoding >= 3x transformers
@@ -54,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from lightning.fabric.utilities.throughput import get_available_flops
 
+from bench import gpu_documents
 from bench.loop_step import CausalLMWithLoss, loop_step
 from bench.recipe_configs import optim_settings, recipe
 from bench.timing import medians, time_interleaved
@@ -524,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(train_py_run(plan, Path(tmp), processes=2))
     decode = decoding_table(plan)
     print("\n".join([*report(plan, train, runs, decode, attention), "", *compiles]))
+    if cuda:  # its own self-test: python -m bench.gpu_documents --self-test
+        print("\n" + "\n".join(gpu_documents.run(plan.device, args.repeats)))
     if not cuda:
         print("(self-test on the CPU: the numbers say the path runs, not how fast a GPU runs it)")
     return 1 if any(run["warnings"] for run in runs) else 0

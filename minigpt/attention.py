@@ -11,7 +11,8 @@ Model (From Scratch)*, ch. 3) and gives the same numbers for the same weights, b
 Variants, keyword-only and off by default (the plain path above is unchanged by them):
 grouped-query attention (``num_kv_heads``: fewer key/value heads, a smaller projection and KV
 cache), rotary position embeddings (``rope``, ``minigpt.rope``), sliding-window attention
-(``window``, ``minigpt.window``) and QK-norm (``qk_norm``: queries and keys scaled to unit RMS
+(``window``, ``minigpt.window``; or ``scheduled_window``: a window the training loop changes as it
+goes, held as a tensor so a compiled graph is not rebuilt) and QK-norm (``qk_norm``: queries and keys scaled to unit RMS
 per head as they leave the projection). ``forward`` also takes ``document_ids``: a packed row of
 documents, each attending only within itself (``minigpt.documents``). ``forward`` reads top to
 bottom: project (and normalize), rotate (rope), write the KV cache (``minigpt.kv_cache``: the
@@ -55,6 +56,10 @@ class MultiHeadAttention(nn.Module):
             KV cache shrink accordingly. None: ``num_heads`` (multi-head attention).
         rope: rotate queries and keys by their positions (``minigpt.rope``), with ``rope_theta``.
         window: each query sees its last ``window`` keys only (``minigpt.window``); None: all.
+        scheduled_window: the window is a tensor buffer (``live_window``, full length at first)
+            that ``set_window`` changes between steps (``GPTConfig.window_schedule``): data to a
+            compiled graph, never a recompile. Prompts and training attend under a dense band
+            mask; decoding with a KV cache attends to everything cached.
         qk_norm: RMS-normalize each head's queries and keys over the head dimension (no learned
             gain, ``qk_norm_eps`` inside the square root) before rope and the attention product,
             so a score's size is set by the angle between query and key, not their lengths. The
@@ -77,6 +82,7 @@ class MultiHeadAttention(nn.Module):
         window: int | None = None,
         qk_norm: bool = False,
         qk_norm_eps: float = 1e-5,
+        scheduled_window: bool = False,
     ):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -100,6 +106,22 @@ class MultiHeadAttention(nn.Module):
         self.qkv = nn.Linear(d_in, d_out + 2 * kv_features, bias=qkv_bias)
         self.out_proj = nn.Linear(d_out, d_out, bias=out_bias)
         self.register_load_state_dict_pre_hook(_fuse_book_state_dict)
+        # not persistent: state dicts keep their keys; the schedule sets it from the step
+        self.register_buffer("live_window", torch.tensor(context_length) if scheduled_window
+                             else None, persistent=False)
+
+    def set_window(self, window: int) -> None:
+        """Attend within the last ``window`` tokens from now on (``scheduled_window`` layers):
+        the buffer changes in place, so a compiled forward runs on without recompiling."""
+        if self.live_window is None:
+            raise ValueError("set_window needs a layer built with scheduled_window=True "
+                             "(GPTConfig.window_schedule)")
+        self.live_window.fill_(window)
+
+    @property
+    def current_window(self) -> int | Tensor | None:
+        """The window this layer attends with now: the scheduled tensor, else ``window``."""
+        return self.window if self.live_window is None else self.live_window
 
     @property
     def unbounded(self) -> bool:
@@ -170,14 +192,18 @@ class MultiHeadAttention(nn.Module):
         (a sequence no longer than the window is plain causal attention), or within each
         document of a packed row (``minigpt.documents``)."""
         if document_ids is not None:
-            return document_attention(q, k, v, document_ids, self.window, padding, dropout_p,
-                                      self._sdpa)
+            return document_attention(q, k, v, document_ids, self.current_window, padding,
+                                      dropout_p, self._sdpa)
         if self.window is not None and q.shape[2] > self.window:
             return banded_attention(q, k, v, self.window, padding, dropout_p, self._sdpa)
-        if padding is None:  # plain causal path: no T x T tensor; one query needs no mask at all
+        if padding is None and self.live_window is None:
+            # plain causal path: no T x T tensor; one query needs no mask at all
             return self._sdpa(q, k, v, dropout_p=dropout_p, is_causal=q.shape[2] > 1)
         positions = torch.arange(q.shape[2], device=q.device)
-        mask = window_mask(positions, positions, None) & ~padding[:, None, None, :]  # (B,1,T,T)
+        mask = window_mask(positions, positions, self.live_window)  # (T, T)
+        if padding is None:  # a scheduled window: every query sees itself, no row is empty
+            return self._sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        mask = mask & ~padding[:, None, None, :]  # (B, 1, T, T)
         return self._masked_attention(q, k, v, mask, dropout_p)
 
     def _cached_attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
@@ -229,7 +255,7 @@ class MultiHeadAttention(nn.Module):
         k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)  # (B, nh, T, hd)
         T = q.shape[2]
         positions = torch.arange(T, device=x.device)
-        mask = window_mask(positions, positions, self.window)  # (T, T)
+        mask = window_mask(positions, positions, self.current_window)  # (T, T)
         if key_padding_mask is not None:
             mask = mask & ~key_padding_mask[:, None, None, :]  # (B, 1, T, T)
         mask, empty_rows = finite_rows(mask)

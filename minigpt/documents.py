@@ -63,10 +63,10 @@ def check_document_ids(document_ids, batch: int, tokens: int) -> None:
                          f"({batch}, {tokens}), got {got}")
 
 
-def document_mask(document_ids: Tensor, window: int | None,
+def document_mask(document_ids: Tensor, window: int | Tensor | None,
                   padding: Tensor | None = None) -> Tensor:
     """(B, 1, T, T) bool, True where a query may attend to a key: same document, causal, within
-    the last ``window`` tokens (None: any distance), not a padded key (``padding`` (B, T))."""
+    the last ``window`` tokens (an int or a 0-dim tensor: ``window_schedule``; None: any distance), not a padded key (``padding`` (B, T))."""
     seg = segments(document_ids)
     T = seg.shape[1]
     pos = torch.arange(T, device=seg.device)
@@ -79,7 +79,7 @@ def document_mask(document_ids: Tensor, window: int | None,
 
 
 def document_attention(q: Tensor, k: Tensor, v: Tensor, document_ids: Tensor,
-                       window: int | None, padding: Tensor | None, dropout_p: float,
+                       window: int | Tensor | None, padding: Tensor | None, dropout_p: float,
                        sdpa) -> Tensor:
     """Attention of q (B, nh, T, hd) over k, v (B, nkv, T, hd) of the same tokens under the
     document mask (``document_mask``); returns (B, nh, T, hd). A query with no visible key (its
@@ -93,7 +93,7 @@ def document_attention(q: Tensor, k: Tensor, v: Tensor, document_ids: Tensor,
 
 
 def flex_document_attention(q: Tensor, k: Tensor, v: Tensor, document_ids: Tensor,
-                            window: int | None, padding: Tensor | None,
+                            window: int | Tensor | None, padding: Tensor | None,
                             compiled: bool = True) -> Tensor:
     """``document_attention`` through FlexAttention: a block mask from the same rule (tiles no
     query may see are skipped, nothing (T, T) is stored), a compiled kernel (``compiled``;

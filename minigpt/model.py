@@ -22,6 +22,7 @@ from minigpt.documents import check_document_ids, document_positions
 from minigpt.field_rules import OneOf, Range, field_problems
 from minigpt.kv_cache import KVCache, LayerCache
 from minigpt.rope import check_rope_head_dim
+from minigpt.window import check_window_schedule
 
 POSITIONS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
@@ -57,6 +58,9 @@ class GPTConfig:
     position: str = "learned"  # learned: a position table (GPT-2); rope: rotary embeddings
     rope_theta: float = 10000.0  # rope's base wavelength
     window: int | None = None  # each token attends to its last `window` tokens; None: all
+    # A window growing over training (minigpt.window): the window of each equal share of the
+    # steps, growing, the last the full context_length, e.g. [128, 256, 384, 512]; None: no schedule
+    window_schedule: list[int] | None = None
     # The block options of the modern recipe (the defaults are GPT-2's):
     norm: str = "layernorm"  # layernorm (GPT-2) | rmsnorm: both block norms and the final one
     qk_norm: bool = False  # queries and keys scaled to unit RMS per head before attending
@@ -81,12 +85,14 @@ class GPTConfig:
 
     def spanning_problems(self) -> list[str]:
         """The rules across fields: heads divide the width, key/value heads divide the heads,
-        rope's head dimension is even (each once the sizes it needs are valid)."""
+        rope's head dimension is even (each once the sizes it needs are valid), a window
+        schedule grows to the full context."""
+        problems = [check_window_schedule(self.window_schedule, self.context_length, self.window)]
         sizes = (self.n_head, self.n_embd)
         if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
-            return []
-        problems = [check_kv_heads(self.num_kv_heads, self.n_head)
-                    if self.num_kv_heads is not None else None]
+            return [p for p in problems if p]
+        problems.append(check_kv_heads(self.num_kv_heads, self.n_head)
+                        if self.num_kv_heads is not None else None)
         if self.n_embd % self.n_head != 0:
             problems.append(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         elif self.position == "rope":
@@ -194,6 +200,7 @@ class Block(nn.Module):
             out_bias=config.bias, num_kv_heads=config.num_kv_heads,
             rope=config.position == "rope", rope_theta=config.rope_theta, window=config.window,
             qk_norm=config.qk_norm, qk_norm_eps=config.layer_norm_eps,
+            scheduled_window=config.window_schedule is not None,
         )
         self.norm2 = make_norm(config)
         self.mlp = FeedForward(config)

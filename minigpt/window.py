@@ -12,6 +12,13 @@ Decoding: the KV cache of a window layer is a ring of ``window`` slots (``minigp
 which holds exactly the keys a new token may see, so one-token steps need no window mask; a
 chunk after cached tokens gets a (T, L) ``window_mask`` from the stream indices of its keys.
 
+A window schedule (``GPTConfig.window_schedule``, modded-nanogpt's record 13) grows the window
+over training: a list of windows, each for an equal share of the steps (``scheduled_window``),
+the last the full context. The layers hold the window as a tensor (``live_window``) that
+``follow_window_schedule`` sets before each step, so the window reaches a compiled graph as data
+(a dense band mask, or the document mask's rule), never as a Python int it would recompile for;
+the window is a pure function of the step, so a resumed run continues with the same windows.
+
 Shape letters: B batch, nh query heads, nkv key/value heads, T tokens, L keys, hd head dim,
 n chunks, C chunk length, W window.
 """
@@ -33,13 +40,56 @@ def check_window(window) -> str | None:
     return None
 
 
-def window_mask(query_pos: Tensor, key_pos: Tensor, window: int | None) -> Tensor:
+def window_mask(query_pos: Tensor, key_pos: Tensor, window: int | Tensor | None) -> Tensor:
     """(T, L) bool, True where the query at stream index ``query_pos`` may attend to the key at
-    ``key_pos``: causal, within the last ``window`` tokens (any distance for None), not empty
-    (index -1)."""
+    ``key_pos``: causal, within the last ``window`` tokens (an int or a 0-dim tensor; any
+    distance for None), not empty (index -1)."""
     distance = query_pos[:, None] - key_pos[None, :]  # (T, L)
     allowed = (distance >= 0) & (key_pos[None, :] >= 0)
     return allowed if window is None else allowed & (distance < window)
+
+
+def check_window_schedule(schedule, context_length, window) -> str | None:
+    """The problem with a ``window_schedule`` for a model of ``context_length`` tokens and a
+    fixed ``window``, or None: a list of positive integers, none shrinking, the last the full
+    ``context_length``, with no fixed window beside it."""
+    if schedule is None:
+        return None
+    if isinstance(schedule, (str, bytes)) or not hasattr(schedule, "__len__") or not schedule \
+            or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in schedule):
+        return (f"window_schedule={schedule!r} must be a list of positive integers (the window "
+                f"of each equal share of training, e.g. [128, 256, 384, 512]) or null")
+    schedule = list(schedule)
+    if any(b < a for a, b in zip(schedule, schedule[1:], strict=False)):
+        return f"window_schedule={schedule} must not shrink: give the windows in growing order"
+    if schedule[-1] != context_length:
+        return (f"window_schedule={schedule} must end at the full context_length="
+                f"{context_length} (the window the trained model decodes with); append "
+                f"{context_length}")
+    if window is not None:
+        return (f"window_schedule={schedule} grows the window to the full context, so window="
+                f"{window} must be null")
+    return None
+
+
+def scheduled_window(schedule: list[int], step: int, max_steps: int) -> int:
+    """The window of optimizer step ``step`` (0-based) of ``max_steps``: the schedule's windows
+    each take an equal share of the steps, in order (steps past the end take the last)."""
+    share = len(schedule) * step // max(max_steps, 1)
+    return schedule[min(share, len(schedule) - 1)]
+
+
+def follow_window_schedule(model, step: int, max_steps: int) -> int | None:
+    """Set every attention layer of ``model`` (a ``GPT``) to the window of ``step`` of
+    ``max_steps`` under its config's ``window_schedule``; return that window (None: no
+    schedule). Called before each training step; a tensor's in-place fill, no recompile."""
+    schedule = model.config.window_schedule
+    if schedule is None:
+        return None
+    window = scheduled_window(schedule, step, max_steps)
+    for layer in model.attention_layers():
+        layer.set_window(window)
+    return window
 
 
 def finite_rows(mask: Tensor) -> tuple[Tensor, Tensor | None]:

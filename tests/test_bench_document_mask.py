@@ -38,4 +38,7 @@ def test_bos_crop_bench_prints_its_table(tmp_path, capsys):
     bos_crop.main([str(tmp_path / "data" / "tiny"), "--context", "4", "8"])
     lines = capsys.readouterr().out.splitlines()
     assert "documents" in lines[0]
-    assert [line.split()[0] for line in lines[-2:]] == ["4", "8"]
+    rows = [line.split() for line in lines[-4:]]
+    assert [(r[0], r[2]) for r in rows] == [("4", "in_order"), ("4", "best_fit"),
+                                            ("8", "in_order"), ("8", "best_fit")]
+    assert all(r[5] == "0.0%" for r in rows)  # neither packing pads

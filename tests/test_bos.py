@@ -12,6 +12,7 @@ import torch
 
 from minigpt.data import TokenDataModule
 from minigpt.data.bos import (
+    best_fit_rows,
     cropped_fraction,
     document_starts,
     draw_rows,
@@ -34,6 +35,61 @@ def test_document_starts_rows_and_crop_by_numbers():
     rows = packed_row_starts(starts, len(tokens), 4)
     np.testing.assert_array_equal(rows, [0, 5])
     assert cropped_fraction(rows, len(tokens), 4) == pytest.approx(1 - 8 / 16)
+
+
+def test_best_fit_rows_by_numbers():
+    tokens = np.array([1, 2, EOT, 3, EOT, 4, 5, 6, 7, EOT, 8, EOT, 1, 1, 1, 1, 1, 1, 1, EOT])
+    starts = document_starts(tokens, EOT)  # documents of 2, 2, 5, 2, 8, 1 tokens
+    packed = best_fit_rows(starts, len(tokens), 4)  # rows of 5 tokens
+    # row 0: the 5-token document; row 1: 2 + 2 + 1; row 2: 2, then nothing fits the 3 left:
+    # the shortest waiting document (8 tokens) is cropped to 3
+    np.testing.assert_array_equal(tokens[packed.token_index(np.arange(len(packed)))],
+                                  [[EOT, 4, 5, 6, 7], [EOT, 8, EOT, 3, EOT], [1, 2, EOT, 1, 1]])
+    assert packed.used_tokens() == 15
+    np.testing.assert_array_equal(packed.token_index(np.array([2, 0]))[:, 0], [0, 4])
+
+
+def reference_best_fit(lengths: list[int], row: int, buffer: int) -> list[list[tuple]]:
+    """nanochat's loop, written out plainly: each row takes, from the next ``buffer`` documents
+    in order, the longest that fits (the later one of equal lengths); when none fits, the
+    shortest (the earlier one), cropped. Rows as lists of (document, tokens taken)."""
+    waiting, upcoming, rows = [], list(range(len(lengths))), []
+    while True:
+        room, taken = row, []
+        while room:
+            while len(waiting) < buffer and upcoming:
+                waiting.append(upcoming.pop(0))
+            if not waiting:
+                return rows
+            fitting = [d for d in waiting if lengths[d] <= room]
+            if fitting:
+                d = max(fitting, key=lambda d: (lengths[d], d))
+            else:
+                d = min(waiting, key=lambda d: (lengths[d], d))
+            waiting.remove(d)
+            taken.append((d, min(lengths[d], room)))
+            room -= taken[-1][1]
+        rows.append(taken)
+
+
+@pytest.mark.parametrize("buffer", [3, 1000])
+def test_best_fit_rows_are_nanochats_packing(buffer):
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 40, 300)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    packed = best_fit_rows(starts, int(lengths.sum()), 24, buffer=buffer)
+    expected = reference_best_fit(lengths.tolist(), 25, buffer)
+    assert len(packed) == len(expected)
+    for r, taken in enumerate(expected):
+        spans = slice(packed.row_offsets[r], packed.row_offsets[r + 1])
+        np.testing.assert_array_equal(packed.span_starts[spans], [starts[d] for d, _ in taken])
+        np.testing.assert_array_equal(packed.span_lengths[spans], [n for _, n in taken])
+        assert packed.span_lengths[spans].sum() == 25
+        # only a row's last span may be a cropped document
+        whole = {int(starts[d]): int(lengths[d]) for d in range(len(lengths))}
+        for start, n in zip(packed.span_starts[spans][:-1], packed.span_lengths[spans][:-1],
+                            strict=True):
+            assert whole[int(start)] == n
 
 
 def test_random_rows_are_a_pure_function_of_seed_rank_and_batch():
@@ -112,3 +168,35 @@ def test_bos_and_document_mask_train_end_to_end(tmp_path):
 
     summary = run(cfg, tmp_path / "run", callbacks=[Spy()])
     assert summary["steps"] == 2 and any(seen)
+
+
+def test_best_fit_batches_start_at_documents_resume_and_visit_each_row_once(tmp_path):
+    data = shard_data(tmp_path, packing="best_fit", sampling="epoch")
+    data.document_bos = EOT
+    batches = data.train_batches()
+    rows = len(data._packed["train"])
+    seen = []
+    for _ in range(-(-rows // 4)):  # one epoch of batches of 4 rows
+        x, y, ids = next(batches)
+        assert (x[:, 0] == EOT).all()  # shard documents begin with BOS: whole documents
+        torch.testing.assert_close(ids, document_ids_of(x, EOT))
+        torch.testing.assert_close(x[:, 1:], y[:, :-1])
+        seen += [tuple(row) for row in x.tolist()]
+    expected = data._packed["train"]
+    tokens = data.split_tokens("train").open()
+    every_row = {tuple(r) for r in tokens[expected.token_index(np.arange(rows))][:, :-1].tolist()}
+    assert set(seen[:rows]) == every_row  # each row once in the epoch
+    state = data.state_dict()
+    after = next(batches)[0]
+    resumed = shard_data(tmp_path, packing="best_fit", sampling="epoch")
+    resumed.load_state_dict(state)
+    torch.testing.assert_close(next(resumed.train_batches())[0], after)
+    vx = next(iter(data.val_dataloader()))[0]
+    assert (vx[:, 0] == EOT).all()
+
+
+def test_a_bad_packing_is_named():
+    from minigpt.data.config import DataConfig, DataError
+
+    with pytest.raises(DataError, match=r"packing='tight' must be one of in_order, best_fit"):
+        DataConfig(name="x", packing="tight")

@@ -4,17 +4,28 @@ A document begins at its BOS token (GPT-2's end-of-text: llm.c's shards put one 
 document; minigpt's prepared files put one after each, which is the same stream from the second
 document on) and at the stream's first token. A row of T + 1 tokens from a document start holds
 that document and, packed in order after it, the ones that follow; a document longer than the
-row is cut there. Packing is in stream order (no reordering, so no padding and no ignored
-targets): ``packed_row_starts`` lays rows end to end, each at the first document start at or
-after the previous row's end, and ``cropped_fraction`` counts the tokens that fall between
-(the cut-off tails); random rows draw their starts from ``row_pool``.
+row is cut there. Two packings (``data.packing``), neither with padding or ignored targets:
+
+* ``in_order``: ``packed_row_starts`` lays rows end to end in stream order, each at the first
+  document start at or after the previous row's end; ``cropped_fraction`` counts the tokens that
+  fall between (the cut-off tails). Random rows draw their starts from ``row_pool``.
+* ``best_fit`` (nanochat's): ``best_fit_rows`` fills each row with whole documents from a buffer
+  of the next ``BEST_FIT_BUFFER`` in stream order, always the longest that still fits; only when
+  none fits does it crop one (the shortest) to fill the row exactly. A row is then a list of
+  token spans (``PackedRows``), gathered per batch; random rows draw row numbers.
+
+Both are pure functions of the token stream, so a resumed run rebuilds the same rows.
 """
 
 from __future__ import annotations
 
+import bisect
+from dataclasses import dataclass
+
 import numpy as np
 
 SCAN_CHUNK = 1 << 24  # tokens per vectorized scan of the memory map
+BEST_FIT_BUFFER = 1000  # documents best fit chooses among (nanochat's buffer)
 
 
 def document_starts(tokens, bos_id: int, chunk: int = SCAN_CHUNK) -> np.ndarray:
@@ -55,3 +66,61 @@ def draw_rows(seed: int, rank: int, batch_index: int, batch_size: int,
     ``window_starts``, so a resumed run draws the same rows)."""
     rng = np.random.default_rng([seed, rank, batch_index])
     return pool[rng.integers(0, len(pool), size=batch_size)]
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """Rows of ``context_length + 1`` tokens made of token spans: row ``r`` is the spans
+    ``row_offsets[r]:row_offsets[r + 1]`` of (``span_starts``, ``span_lengths``), in order."""
+
+    span_starts: np.ndarray  # int64 stream offset of each span (a document start)
+    span_lengths: np.ndarray  # int64 tokens of each span
+    row_offsets: np.ndarray  # int64 (rows + 1,): each row's first span
+
+    def __len__(self) -> int:
+        return len(self.row_offsets) - 1
+
+    def token_index(self, rows: np.ndarray) -> np.ndarray:
+        """(len(rows), T + 1) int64 stream offsets of the tokens of ``rows``, in row order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        spans = np.concatenate([np.arange(self.row_offsets[r], self.row_offsets[r + 1])
+                                for r in rows])
+        starts, lengths = self.span_starts[spans], self.span_lengths[spans]
+        # each token's offset: its span's start plus its place in the span
+        before = np.cumsum(lengths) - lengths  # tokens of the earlier spans
+        index = np.repeat(starts - before, lengths) + np.arange(lengths.sum())
+        return index.reshape(len(rows), -1)
+
+    def used_tokens(self) -> int:
+        return int(self.span_lengths.sum())
+
+
+def best_fit_rows(starts: np.ndarray, n_tokens: int, context_length: int,
+                  buffer: int = BEST_FIT_BUFFER) -> PackedRows:
+    """Rows of ``context_length + 1`` tokens of whole documents, best fit (module docstring):
+    the documents run from each of ``starts`` to the next (the last to ``n_tokens``); a last
+    row the remaining documents cannot fill is left out."""
+    row = context_length + 1
+    lengths = np.diff(np.append(starts, n_tokens)).astype(np.int64)
+    waiting: list[tuple[int, int]] = []  # (length, document), sorted
+    next_document = 0
+    span_starts, span_lengths, row_offsets = [], [], [0]
+    while True:
+        room = row
+        while room:
+            while len(waiting) < buffer and next_document < len(starts):
+                bisect.insort(waiting, (int(lengths[next_document]), next_document))
+                next_document += 1
+            if not waiting:
+                break
+            fits = bisect.bisect_right(waiting, (room, len(starts))) - 1  # the longest that fits
+            length, document = waiting.pop(fits if fits >= 0 else 0)  # none: crop the shortest
+            span_starts.append(int(starts[document]))
+            span_lengths.append(min(length, room))
+            room -= span_lengths[-1]
+        if room:  # the stream ran out mid-row
+            del span_starts[row_offsets[-1]:], span_lengths[row_offsets[-1]:]
+            break
+        row_offsets.append(len(span_starts))
+    return PackedRows(np.asarray(span_starts, np.int64), np.asarray(span_lengths, np.int64),
+                      np.asarray(row_offsets, np.int64))

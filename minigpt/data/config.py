@@ -16,6 +16,7 @@ FORMATS = ("auto", "text", "json", "parquet", "csv")
 SAMPLE_BY = ("document", "line", "paragraph")
 VAL_SPLITS = ("tail", "document")
 ALIGNS = ("window", "bos")
+PACKINGS = ("in_order", "best_fit")
 SAMPLINGS = ("random", "epoch")
 AT_LEAST_1 = Range(1)
 POSITIVE_INTEGER = Satisfies(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
@@ -30,7 +31,7 @@ DATA_RULES = {
                         "yielding documents (docs/extending.md)"),
     "tokenizer": OneOf(("char", *TIKTOKEN_ENCODINGS)),
     "format": OneOf(FORMATS), "sample_by": OneOf(SAMPLE_BY), "val_split": OneOf(VAL_SPLITS),
-    "align": OneOf(ALIGNS), "sampling": OneOf(SAMPLINGS),
+    "align": OneOf(ALIGNS), "packing": OneOf(PACKINGS), "sampling": OneOf(SAMPLINGS),
     "encoding": Satisfies(lambda name: _known_encoding(name), "an encoding Python knows (e.g. "
                           "utf-8, latin-1, cp1252, utf-16)"),
     "val_fraction": Range(0, 1, low_open=True, high_open=True),
@@ -87,6 +88,9 @@ class DataConfig:
     # window: rows cut anywhere (nanoGPT); bos: every row starts at a document's first token,
     # the documents after it packed in order (minigpt.data.bos)
     align: str = "window"
+    # align=bos: in_order (the documents that follow, the last cut at the row's end) | best_fit
+    # (whole documents, the longest that fits, one cropped only when none fits; nanochat's)
+    packing: str = "in_order"
     # random: rows drawn with replacement, a pure function of (seed, rank, batch); epoch: every
     # row once per epoch in a seeded order, processes disjoint (minigpt.data.epochs)
     sampling: str = "random"

@@ -24,7 +24,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from minigpt.data.bos import document_starts, draw_rows, packed_row_starts, row_pool
+from minigpt.data.bos import (
+    PackedRows,
+    best_fit_rows,
+    document_starts,
+    draw_rows,
+    packed_row_starts,
+    row_pool,
+)
 from minigpt.data.config import DataConfig, DataError
 from minigpt.data.epochs import batch_positions, epoch_rows, window_rows
 from minigpt.data.prepare import prepare_dataset
@@ -63,15 +70,19 @@ class _Windows(IterableDataset):
 
     vocab_size: int | None = None  # ids at or above it stop the run, naming file and offset
     document_bos: int | None = None  # set: batches carry document_ids, each such token a start
+    packed: PackedRows | None = None  # set (packing=best_fit): "starts" are its row numbers
 
     def __init__(self, tokens: TokenFile | ShardStream, context_length: int):
         self.tokens, self.n_tokens, self.T = tokens, len(tokens), context_length
 
     def _batch(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = starts[:, None] + np.arange(self.T + 1)  # (B, T+1)
+        if self.packed is None:
+            idx = starts[:, None] + np.arange(self.T + 1)  # (B, T+1)
+        else:
+            idx = self.packed.token_index(starts)  # (B, T+1)
         chunk = tokens[idx]  # (B, T+1)
         if self.vocab_size is not None:  # on the host, before the model sees it: no device sync
-            self.tokens.check_batch(chunk, self.vocab_size, starts)
+            self.tokens.check_batch(chunk, self.vocab_size, idx[:, 0])
         chunk = chunk.astype(np.int64)
         # Two contiguous tensors, not two views of one: the DataLoader pins each as it is, and
         # only a contiguous pinned tensor copies to the GPU asynchronously (non_blocking).
@@ -158,6 +169,7 @@ class TokenDataModule:
         self._val_starts: np.ndarray | None = None
         self._train_pool: np.ndarray | None = None  # BOS-aligned rows' document starts
         self._train_rows: np.ndarray | None = None  # sampling=epoch: the rows each epoch visits
+        self._packed: dict[str, PackedRows] = {}  # packing=best_fit: each split's rows
         # set (the tokenizer's end-of-text id) for a document_mask model: batches are then
         # (x, y, document_ids), each such token beginning a document
         self.document_bos: int | None = None
@@ -211,19 +223,24 @@ class TokenDataModule:
         """BOS-aligned rows (``minigpt.data.bos``): the training pool of document starts and
         the validation rows (packed in order, evenly thinned to ``val_tokens``)."""
         bos, T = self.tokenizer.eot_id, self.context_length
-        pools = {}
+        pools, rows = {}, {}
         for split in ("train", "val"):
             tokens = self.split_tokens(split)
-            pools[split] = row_pool(document_starts(tokens.open(), bos), len(tokens), T)
+            starts = document_starts(tokens.open(), bos)
+            if self.config.packing == "best_fit":
+                self._packed[split] = best_fit_rows(starts, len(tokens), T)
+                pools[split] = rows[split] = np.arange(len(self._packed[split]))  # row numbers
+            else:
+                pools[split] = row_pool(starts, len(tokens), T)
+                rows[split] = packed_row_starts(pools[split], len(tokens), T)
             if not len(pools[split]):
                 raise DataError(f"no document of the {split} split of {self.config.name} starts "
                                 f"a full row of context_length + 1 = {T + 1} tokens; use a "
                                 f"smaller context_length or data.align=window")
-        self._train_pool = pools["train"]
-        self._train_rows = packed_row_starts(pools["train"], meta["train_tokens"], T)
-        rows = packed_row_starts(pools["val"], meta["val_tokens"], T)
-        keep = max(1, min(len(rows), self.config.val_tokens // T))
-        self._val_starts = rows[np.linspace(0, len(rows) - 1, keep).round().astype(int)]
+        self._train_pool, self._train_rows = pools["train"], rows["train"]
+        keep = max(1, min(len(rows["val"]), self.config.val_tokens // T))
+        self._val_starts = rows["val"][np.linspace(0, len(rows["val"]) - 1, keep)
+                                       .round().astype(int)]
 
     def split_tokens(self, split: str) -> TokenFile | ShardStream:
         """One split's token stream: the prepared flat file, or the shards its glob names."""
@@ -242,6 +259,7 @@ class TokenDataModule:
                                 self.seed, self.rank, start_batch=self.start_batch,
                                 pool=self._train_pool)
         dataset.vocab_size, dataset.document_bos = self.meta["vocab_size"], self.document_bos
+        dataset.packed = self._packed.get("train")
         if self.config.sampling == "epoch":
             dataset.epochs = (self._train_rows, self.rows_read, self.world_size)
         return self._loader(dataset, persistent=False)
@@ -266,6 +284,7 @@ class TokenDataModule:
         dataset = FixedWindows(self.split_tokens("val"), self.context_length, starts,
                                self.config.val_batch_size or self.batch_size)
         dataset.vocab_size, dataset.document_bos = self.meta["vocab_size"], self.document_bos
+        dataset.packed = self._packed.get("val")
         return self._loader(dataset, persistent=True)
 
     # ---- resumable state (stored in checkpoints) -------------------------------------------
@@ -281,7 +300,7 @@ class TokenDataModule:
         return {"batches_consumed": self.batches_consumed, "rows_read": rows_read, "seed": self.seed,
                 "batch_size": self.batch_size, "context_length": self.context_length,
                 "fingerprint": meta_fp, "align": self.config.align,
-                "sampling": self.config.sampling}
+                "packing": self.config.packing, "sampling": self.config.sampling}
 
     def load_state_dict(self, state: dict) -> None:
         self.start_batch, self.drawn = int(state["batches_consumed"]), 0
@@ -290,7 +309,7 @@ class TokenDataModule:
                                        * self.world_size))
         now = {"seed": self.seed, "batch_size": self.batch_size,
                "context_length": self.context_length, "align": self.config.align,
-               "sampling": self.config.sampling}
+               "packing": self.config.packing, "sampling": self.config.sampling}
         if self._meta is not None:
             now["fingerprint"] = self._meta.get("fingerprint")
         state = {**_BEFORE_DOCUMENTS, **state}  # older checkpoints: random windows
@@ -301,7 +320,7 @@ class TokenDataModule:
                           f"original run would have drawn", stacklevel=2)
 
 
-_BEFORE_DOCUMENTS = {"align": "window", "sampling": "random"}
+_BEFORE_DOCUMENTS = {"align": "window", "packing": "in_order", "sampling": "random"}
 
 
 class CountedBatches:

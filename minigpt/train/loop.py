@@ -36,6 +36,7 @@ from minigpt.train.interrupt import StopRequest
 from minigpt.train.plan import RunPlan
 from minigpt.train.rng import set_rng_state
 from minigpt.train.sample import Sampler, gathered_parameters
+from minigpt.window import follow_window_schedule
 
 
 class AuxiliaryWorkError(UserError, RuntimeError):
@@ -208,6 +209,8 @@ class Loop:
         self.stop = StopRequest(fabric.world_size)
         with self.stop.installed(), bar:
             while self.progress.global_step < plan.max_steps:
+                # model.window_schedule: the window follows the step (exact on resume)
+                follow_window_schedule(self.model, self.progress.global_step, plan.max_steps)
                 loss, grad_norm = self.train_step(batches)
                 self.progress.global_step += 1
                 step = self.progress.global_step
