@@ -18,6 +18,7 @@ Shape letters: B batch, nh query heads, nkv key/value heads, T tokens, hd head d
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 from torch import Tensor
@@ -98,7 +99,21 @@ def flex_document_attention(q: Tensor, k: Tensor, v: Tensor, document_ids: Tenso
     """``document_attention`` through FlexAttention: a block mask from the same rule (tiles no
     query may see are skipped, nothing (T, T) is stored), a compiled kernel (``compiled``;
     False runs flex_attention's reference implementation, which the CPU tests use)."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
+
+    B, nh, T, _ = q.shape
+    if torch.compiler.is_compiling():  # inside a compiled graph: built by compiled code
+        block_mask = _block_mask(document_ids, window, padding, T, q.device)
+    else:
+        block_mask = _BLOCK_MASKS.get(document_ids, window, padding, T, q.device)
+    attend = _compiled_flex() if compiled else flex_attention
+    return attend(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != nh)
+
+
+def _block_mask(document_ids: Tensor, window: int | Tensor | None, padding: Tensor | None,
+                T: int, device: torch.device):
+    """FlexAttention's block mask for ``document_attention``'s rule."""
+    from torch.nn.attention.flex_attention import create_block_mask
 
     seg = segments(document_ids)
     keep = None if padding is None else ~padding
@@ -109,10 +124,43 @@ def flex_document_attention(q: Tensor, k: Tensor, v: Tensor, document_ids: Tenso
             allowed = allowed & (q_idx - kv_idx < window)
         return allowed if keep is None else allowed & keep[b, kv_idx]
 
-    B, nh, T, _ = q.shape
-    block_mask = create_block_mask(visible, B, None, T, T, device=q.device)
-    attend = _compiled_flex() if compiled else flex_attention
-    return attend(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != nh)
+    return create_block_mask(visible, document_ids.shape[0], None, T, T, device=device)
+
+
+class _LastBlockMask:
+    """The last block mask built, reused while the same tensors ask again: every layer of one
+    forward pass shares its batch's mask, so it is built once per forward, not once per layer.
+    Held by weak reference, so a new batch (a new tensor, maybe at the old one's address) never
+    matches a stale entry."""
+
+    def __init__(self):
+        self.key, self.mask = None, None
+
+    @staticmethod
+    def _same(ref, obj) -> bool:
+        if obj is None or isinstance(obj, int):
+            return ref == ("value", obj)
+        return isinstance(ref, tuple) and ref[0] == "tensor" and ref[1]() is obj \
+            and ref[2] == obj._version
+
+    @staticmethod
+    def _ref(obj):
+        if obj is None or isinstance(obj, int):
+            return ("value", obj)
+        return ("tensor", weakref.ref(obj), obj._version)
+
+    def get(self, document_ids, window, padding, T, device):
+        if self.key is not None:
+            ids_ref, window_ref, padding_ref, size = self.key
+            if size == (T, device) and self._same(ids_ref, document_ids) \
+                    and self._same(window_ref, window) and self._same(padding_ref, padding):
+                return self.mask
+        self.mask = _block_mask(document_ids, window, padding, T, device)
+        self.key = (self._ref(document_ids), self._ref(window), self._ref(padding), (T, device))
+        return self.mask
+
+
+_BLOCK_MASKS = _LastBlockMask()
 
 
 @functools.cache
