@@ -660,3 +660,11 @@ def test_resume_continues_with_the_exact_batches(char_data, tmp_path):
     resumed = [next(stream)[0] for _ in range(8)]
     for a, b in zip(straight[4:], resumed, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_the_config_names_every_built_in_source_and_no_other():
+    # data/config.py cannot import the registry (sources.py imports the config), so its list of
+    # names is a second copy: this keeps the two in step.
+    from minigpt.data import config, sources
+
+    assert set(config.SOURCES) == set(sources.SOURCES)
