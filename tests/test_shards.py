@@ -141,6 +141,11 @@ def test_shards_are_a_source_of_the_registry_with_nothing_to_prepare(tmp_path):
     np.testing.assert_array_equal(stream[0:40], np.arange(40))  # across the three shards
     with pytest.raises(DataError, match="^data.source=shards holds tokens, not documents"):
         SOURCES["shards"].load(config)
+    from minigpt.data.__main__ import summary  # what `python -m minigpt.data` prints for them
+
+    line = summary("data/fw", meta)
+    assert line.startswith("data/fw: 40 train + 20 val tokens (uint16, tokenizer gpt2, ")
+    assert "documents" not in line and line.endswith(f"fingerprint {meta['fingerprint']})")
 
 
 def test_source_shards_needs_both_globs():

@@ -18,10 +18,15 @@ def main(cfg: DictConfig) -> None:
     with one_line_errors():  # bad input: one line and exit status 2
         prepare = typed(cfg, PrepareSchema)  # the typed config, from here on
         meta = prepare_dataset(prepare.data, prepare.data_root)
-    directory = f"{prepare.data_root}/{meta['name']}"
-    print(f"{directory}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens "
-          f"({meta['dtype']}, tokenizer {meta['tokenizer']['name']}, vocab {meta['vocab_size']:,}, "
-          f"{meta['documents']:,} documents, fingerprint {meta['fingerprint']})")
+    print(summary(f"{prepare.data_root}/{meta['name']}", meta))
+
+
+def summary(directory: str, meta: dict) -> str:
+    """One line about a prepared dataset; token shards (read as they are) count no documents."""
+    documents = f"{meta['documents']:,} documents, " if "documents" in meta else ""
+    return (f"{directory}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens "
+            f"({meta['dtype']}, tokenizer {meta['tokenizer']['name']}, "
+            f"vocab {meta['vocab_size']:,}, {documents}fingerprint {meta['fingerprint']})")
 
 
 if __name__ == "__main__":
