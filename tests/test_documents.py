@@ -185,3 +185,30 @@ def test_decoding_is_unchanged_by_the_flag():
     prompt = torch.randint(1, 37, (1, 5))
     torch.testing.assert_close(model.generate(prompt, 6, top_k=1), plain.generate(prompt, 6, top_k=1))
     assert GPTConfig().document_mask is False
+
+
+def test_compiled_block_mask_equals_the_eager_one_and_compiles_once():
+    """The block mask CUDA training builds (compiled) has the tiles and the rule of the eager
+    build for every batch, window and padding, from one graph per window: a new batch of ids
+    never recompiles."""
+    from torch._dynamo.utils import counters
+
+    from minigpt.documents import _block_mask, _compiled_block_mask
+
+    T, generator = 384, torch.Generator().manual_seed(0)  # 3 x 3 tiles of 128
+    graphs_before = counters["stats"]["unique_graphs"]
+    for batch in range(3):
+        ids = (torch.rand(2, T, generator=generator) < 0.01).cumsum(1)  # documents of ~100
+        padding = torch.zeros(2, T, dtype=torch.bool)
+        padding[1, T - 50 * batch:] = True
+        for window in (None, torch.tensor(160)):
+            eager = _block_mask(ids, window, padding, T, torch.device("cpu"))
+            compiled = _compiled_block_mask()(ids, window, padding, T, torch.device("cpu"))
+            assert torch.equal(compiled.to_dense(), eager.to_dense())
+            assert torch.equal(compiled.kv_num_blocks, eager.kv_num_blocks)
+            assert torch.equal(compiled.full_kv_num_blocks, eager.full_kv_num_blocks)
+            q = torch.arange(T)[:, None]
+            rule = document_mask(ids, window, padding)[1, 0]  # one row's (T, T) rule, token level
+            assert torch.equal(compiled.mask_mod(torch.tensor(1), torch.tensor(0), q,
+                                                 torch.arange(T)[None]), rule)
+    assert counters["stats"]["unique_graphs"] - graphs_before <= 2  # None and a tensor window
