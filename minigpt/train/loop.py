@@ -54,7 +54,9 @@ class ModelWithLoss(nn.Module):
     sampling runs the model eagerly. Under FSDP the graph breaks at each unit, so it is not
     required to be whole there. With ``compile="blocks"`` each transformer block's training
     call is compiled instead (one graph that every block reuses; built before Fabric wraps or
-    shards the model), its activation checkpointing included, and the rest stays eager."""
+    shards the model), its activation checkpointing included, and so is the LM-head loss (a
+    second graph: eager, the head's float32 (B, T, V) logits cost as much as several blocks);
+    the embeddings and the final norm stay eager."""
 
     def __init__(self, model: GPT, compile: bool | str = False, fullgraph: bool = True):
         super().__init__()
@@ -63,6 +65,11 @@ class ModelWithLoss(nn.Module):
             for block in model.blocks:
                 if not is_compiled_for_training(block):
                     compile_training_forward(block)
+            head_loss = model.next_token_loss
+            if not getattr(head_loss.forward, "compiled_for_training", False):
+                # An instance attribute, as the blocks': the module and its state dict unchanged.
+                head_loss.forward = torch.compile(head_loss.forward)
+                head_loss.forward.compiled_for_training = True
         whole = compile and compile != "blocks"
         self.loss = torch.compile(model.loss, fullgraph=fullgraph) if whole else model.loss
 
