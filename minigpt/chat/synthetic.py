@@ -2,8 +2,9 @@
 
 ``python -m minigpt.chat.synthetic --out data/chat_synth`` writes ``train.jsonl`` and
 ``val.jsonl`` (messages form, one conversation a line), seeded: the same files every time.
-Four kinds of task, equally often: reverse a word, add two numbers, answer a question from a
-given sentence, name a word's first letter. Held-out items never appear in training (no prompt
+Four kinds of task, equally often: reverse a word, add two two-digit numbers (the sum worked
+column by column, ``worked_sum``), answer a question from a given sentence, name a word's first
+letter. Held-out items never appear in training (no prompt
 is shared), so a model that answers them has learned the task, not the items.
 
 Only letters, digits, spaces and ``.,?:'`` are used: all of them are in the character vocabulary
@@ -40,8 +41,21 @@ def reverse_task(rng: random.Random) -> tuple[str, str]:
 
 
 def add_task(rng: random.Random) -> tuple[str, str]:
-    a, b = rng.randint(0, 49), rng.randint(0, 49)
-    return f"What is {a} plus {b}?", str(a + b)
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    return f"What is {a} plus {b}?", worked_sum(a, b)
+
+
+def worked_sum(a: int, b: int) -> str:
+    """The sum of two two-digit numbers worked column by column, the carry said, the total last:
+    ``worked_sum(46, 19) == "6 plus 9 is 15, 4 plus 1 plus 1 is 6, so 65"``. Each step is a
+    digit sum of characters just written, which a small model learns in a few hundred steps; the
+    bare total (``"65"``) asks it to do the whole sum before writing its first digit, which the
+    toy model did not learn in as many (docs/chat.md)."""
+    units = a % 10 + b % 10
+    carry = " plus 1" if units >= 10 else ""
+    tens = a // 10 + b // 10 + units // 10
+    return f"{a % 10} plus {b % 10} is {units}, {a // 10} plus {b // 10}{carry} is {tens}, " \
+           f"so {a + b}"
 
 
 def sentence_task(rng: random.Random) -> tuple[str, str]:
@@ -79,8 +93,8 @@ def conversation(prompt: str, answer: str) -> dict:
 
 def make_items(n: int, seed: int, exclude: set[str] = frozenset()) -> list[tuple[str, str]]:
     """``n`` distinct (prompt, answer) items, the tasks taking turns, none with a prompt in
-    ``exclude``. A draw that repeats a prompt is skipped, so a task with few prompts (2,500
-    additions, 2,400 sentences) gives fewer items as it runs out."""
+    ``exclude``. A draw that repeats a prompt is skipped, so a task with few prompts (2,400
+    sentences) gives fewer items as it runs out."""
     rng = random.Random(seed)
     seen, items = set(exclude), []
     task_list = list(TASKS.values())

@@ -2,7 +2,7 @@
 
 import json
 
-from minigpt.chat.synthetic import generate, main, score_by_task, task_of
+from minigpt.chat.synthetic import generate, main, score_by_task, task_of, worked_sum
 
 # the character vocabulary of data=shakespeare_char (its prepared meta.json)
 SHAKESPEARE_CHARS = set("\n !\"$&'(),-.0123456789:;?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]"
@@ -28,7 +28,7 @@ def test_generate_is_seeded_disjoint_and_exact(tmp_path):
             assert answer == prompt.split(": ")[1][::-1]
         elif task == "add":
             a, b = prompt.removeprefix("What is ").removesuffix("?").split(" plus ")
-            assert answer == str(int(a) + int(b))
+            assert answer.endswith(f", so {int(a) + int(b)}") and len(a) == len(b) == 2
         elif task == "sentence":
             assert f" {answer} " in prompt.split(".")[0]
         else:
@@ -53,3 +53,10 @@ def test_score_by_task_reads_generate_output(tmp_path):
     scores = score_by_task(tmp_path / "val.jsonl", replies)
     assert scores["all"] == (4, 8)
     assert sum(n for task, (_, n) in scores.items() if task != "all") == 8
+
+
+def test_worked_sum_says_each_column_and_the_carry():
+    assert worked_sum(46, 19) == "6 plus 9 is 15, 4 plus 1 plus 1 is 6, so 65"
+    assert worked_sum(42, 31) == "2 plus 1 is 3, 4 plus 3 is 7, so 73"
+    assert worked_sum(99, 99) == "9 plus 9 is 18, 9 plus 9 plus 1 is 19, so 198"
+    assert worked_sum(10, 90) == "0 plus 0 is 0, 1 plus 9 is 10, so 100"
