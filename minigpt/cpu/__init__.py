@@ -14,8 +14,10 @@ Each returns what it applied and why (an empty list off the CPU or where a kerne
 Where oneDNN or another weight layout is only faster on some CPUs, the choice is made per shape
 from this machine's timings (``minigpt.cpu.tuning``: measured on first use, then read from a
 small file), and the line gives each shape's measured ratio (fastest candidate / default) and
-whether it was cached or measured now. The training run and the generate/viz entry points call
-them once (config ``cpu_speedups``) and log that list.
+whether it was cached or measured now. A resumed training run applies the float32 decisions its
+checkpoint stored (``Applied.kernels``) instead, so it rounds as the run so far did. The
+training run and the generate/viz entry points call them once (config ``cpu_speedups``) and log
+that list.
 """
 
 from __future__ import annotations
@@ -42,12 +44,23 @@ from minigpt.cpu.packed import (
 )
 from minigpt.cpu.tuning import KernelChoices, describe, pick, shape_of
 
-__all__ = ["KernelChoices", "speed_up_decoding", "speed_up_training"]
+__all__ = ["Applied", "KernelChoices", "speed_up_decoding", "speed_up_training"]
+
+STORED = "as stored in the checkpoint"  # why, for kernels a resumed run takes from its checkpoint
+
+
+class Applied(list):
+    """What ``speed_up_training`` applied, one line each, and ``kernels``: the float32 kernel
+    decisions it took (``{"matmuls": {timings key: "onednn" | "mkl"}, "lm_head_loss_onednn":
+    bool}``), None where it took none (not float32, not on the CPU, compiled). A checkpoint
+    stores ``kernels`` so that a resumed run multiplies with the same kernels."""
+
+    kernels: dict | None = None
 
 
 def speed_up_training(model: nn.Module, *, precision: str = "32-true", compiled: bool = False,
-                      keep_freed_memory: bool = True,
-                      kernels: KernelChoices | None = None) -> list[str]:
+                      keep_freed_memory: bool = True, kernels: KernelChoices | None = None,
+                      stored_kernels: dict | None = None) -> Applied:
     """Make a CPU model train faster, in place; return what was applied, and why.
 
     * blocks with options that have no fused CPU kernel (RMSNorm, QK-norm, rotary embeddings,
@@ -56,13 +69,15 @@ def speed_up_training(model: nn.Module, *, precision: str = "32-true", compiled:
     * in float32 (``precision`` 32-true), each matmul of the other blocks' and the head's linear
       layers multiplies on oneDNN (``minigpt.cpu.linear``) where ``kernels`` (this machine's
       timings, ``minigpt.cpu.tuning``; measured on first use) found oneDNN faster for its shape;
+      ``stored_kernels`` (an earlier ``Applied.kernels``, from the checkpoint a run resumes)
+      decides instead, without measuring: the same kernels round the same way;
     * the LM-head loss runs in chunks without materializing the logits (``minigpt.cpu.loss``,
       soft-capped as the model's), unless ``compiled`` or ``precision`` is float16;
     * glibc keeps freed large blocks for reuse (``minigpt.cpu.host_memory``; process-wide).
     """
+    applied = Applied()
     if _device_type(model) != "cpu":
-        return []
-    applied = []
+        return applied
     if keep_freed_memory and _keep_freed_memory():
         applied.append("glibc keeps freed memory")
     if compiled:
@@ -71,47 +86,87 @@ def speed_up_training(model: nn.Module, *, precision: str = "32-true", compiled:
     float32 = str(precision).startswith("32") and onednn.available()
     head_onednn, head_why = False, ""
     if float32:
-        head_onednn, head_why = _onednn_training(model, compiled_blocks,
-                                                 kernels or KernelChoices(), applied)
+        head_onednn, head_why, applied.kernels = _onednn_training(
+            model, compiled_blocks, kernels or KernelChoices(), applied,
+            _valid_kernels(stored_kernels))
     loss = getattr(model, "next_token_loss", None)
     if isinstance(loss, nn.Module) and not isinstance(loss, ChunkedNextTokenLoss) \
             and not str(precision).startswith("16"):
         model.next_token_loss = ChunkedNextTokenLoss(getattr(loss, "logit_softcap", None),
                                                      onednn=head_onednn)
-        gemm = f" (oneDNN GEMMs: {head_why})" if head_onednn else \
-            f" (PyTorch's GEMMs: oneDNN {head_why})" if float32 else ""
-        applied.append(f"chunked LM-head loss{gemm}")
+        gemms = _head_gemms(head_onednn, head_why) if float32 else ""
+        applied.append(f"chunked LM-head loss{gemms}")
     return applied
 
 
 def _onednn_training(model: nn.Module, compiled_blocks: list[nn.Module], kernels: KernelChoices,
-                     applied: list[str]) -> tuple[bool, str]:
-    """Swap in ``OneDNNLinear`` with the matmuls ``kernels`` picks for each layer's shape (noted
-    in ``applied``); return whether the LM-head loss multiplies on oneDNN, and why."""
+                     applied: list[str], stored: dict | None
+                     ) -> tuple[bool, str, dict | None]:
+    """Swap in ``OneDNNLinear`` with the matmuls ``stored`` (decisions of an earlier run) or
+    else ``kernels`` picks for each layer's shape (noted in ``applied``); return whether the
+    LM-head loss multiplies on oneDNN, why, and the decisions (``Applied.kernels``)."""
     layers = _linears(model, keep=compiled_blocks)
     head = getattr(model, "lm_head", None)
     if not layers:  # all swapped by an earlier call
-        return isinstance(head, OneDNNLinear), "as before"
+        return isinstance(head, OneDNNLinear), "as before", None
     timed = [*layers, *([head] if isinstance(head, nn.Linear) and head not in layers else [])]
     shapes = {train_key(layer, op): timed_shape(layer, op) for layer in timed for op in MATMULS}
-    timings, cached = kernels.timings(shapes, lambda keys: measure_matmuls(
-        {k: shapes[k] for k in keys}), "mkl")
-    choices = {key: pick(timings[key], "mkl", key in cached) for key in shapes}
+    if stored is not None:
+        # Applied even on another CPU model than the one that measured them: a kernel choice
+        # changes only speed, and rounding like the run so far is what a resume promises.
+        # A shape the stored run did not multiply on its own (a block it compiled) keeps
+        # PyTorch's default.
+        matmuls = {key: stored["matmuls"].get(key, "mkl") for key in shapes}
+        head_onednn = stored["lm_head_loss_onednn"]
+        why = head_why = STORED
+    else:
+        matmuls, head_onednn, why, head_why = _measured_choices(shapes, head, kernels)
     swapped = 0
     for parent, name, layer in _linear_slots(model, layers):
-        ops = [op for op in MATMULS if choices[train_key(layer, op)].kernel == "onednn"]
+        ops = [op for op in MATMULS if matmuls[train_key(layer, op)] == "onednn"]
         if ops:
             setattr(parent, name, OneDNNLinear.like(layer, ops))
             swapped += 1
+    applied.append(f"oneDNN float32 matmuls in {swapped} of {len(layers)} linear layers ({why})")
+    head_onednn = head_onednn and isinstance(head, nn.Linear)
+    return head_onednn, head_why, {"matmuls": matmuls, "lm_head_loss_onednn": head_onednn}
+
+
+def _measured_choices(shapes: dict[str, tuple], head: nn.Module | None, kernels: KernelChoices
+                      ) -> tuple[dict[str, str], bool, str, str]:
+    """The kernel of each training key in ``shapes`` from this machine's timings, whether the
+    LM-head loss multiplies on oneDNN, and why (for the layers, for the head)."""
+    timings, cached = kernels.timings(shapes, lambda keys: measure_matmuls(
+        {k: shapes[k] for k in keys}), "mkl")
+    choices = {key: pick(timings[key], "mkl", key in cached) for key in shapes}
     per_op = {op: {k: c for k, c in choices.items() if k.endswith(op)} for op in MATMULS}
     why = " | ".join(f"{op}: {describe(per_op[op], shape_of)}" for op in MATMULS)
-    applied.append(f"oneDNN float32 matmuls in {swapped} of {len(layers)} linear layers ({why})")
+    matmuls = {key: choice.kernel for key, choice in choices.items()}
     if not isinstance(head, nn.Linear):
-        return False, "not measured"
+        return matmuls, False, why, "not measured"
     total = {kernel: sum(timings[train_key(head, op)][kernel] for op in MATMULS)
              for kernel in ("mkl", "onednn")}
     choice = pick(total, "mkl", all(train_key(head, op) in cached for op in MATMULS))
-    return choice.kernel == "onednn", describe({"three matmuls": choice})
+    return matmuls, choice.kernel == "onednn", why, describe({"three matmuls": choice})
+
+
+def _head_gemms(onednn_: bool, why: str) -> str:
+    """The LM-head loss's GEMMs and why, for its line."""
+    if why == STORED:
+        return f" ({'oneDNN' if onednn_ else 'PyTorch default'} GEMMs, {why})"
+    return f" (oneDNN GEMMs: {why})" if onednn_ else f" (PyTorch's GEMMs: oneDNN {why})"
+
+
+def _valid_kernels(stored) -> dict | None:
+    """``stored`` if it is an ``Applied.kernels`` record, else None (then measure as usual: a
+    checkpoint's record is data, and a malformed one must not decide anything)."""
+    if not isinstance(stored, dict):
+        return None
+    matmuls, head = stored.get("matmuls"), stored.get("lm_head_loss_onednn")
+    if not isinstance(matmuls, dict) or not isinstance(head, bool) or not all(
+            isinstance(k, str) and v in ("onednn", "mkl") for k, v in matmuls.items()):
+        return None
+    return stored
 
 
 @torch.no_grad()
