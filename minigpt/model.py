@@ -24,6 +24,7 @@ from minigpt.kv_cache import KVCache, LayerCache
 from minigpt.rope import check_rope_head_dim
 from minigpt.window import check_window_schedule
 
+IGNORE_INDEX = -100  # a target that does not count in the loss (F.cross_entropy's default)
 POSITIONS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "relu2")
@@ -182,7 +183,7 @@ class NextTokenLoss(nn.Module):
         self.logit_softcap = logit_softcap
 
     def forward(self, hidden: Tensor, head: nn.Linear, targets: Tensor,
-                ignore_index: int = -100) -> Tensor:
+                ignore_index: int = IGNORE_INDEX) -> Tensor:
         logits = softcap(head(hidden).float(), self.logit_softcap)  # (B, T, V)
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(),
                                ignore_index=ignore_index)
@@ -309,7 +310,7 @@ class GPT(nn.Module):
         targets: Tensor,
         key_padding_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
-        ignore_index: int = -100,
+        ignore_index: int = IGNORE_INDEX,
         document_ids: Tensor | None = None,
     ) -> Tensor:
         """Mean next-token cross-entropy (float32 scalar) of ``idx`` (B, T) against ``targets``

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-IGNORE_INDEX = -100  # F.cross_entropy's default, GPT.loss's ignore_index
+from minigpt.model import IGNORE_INDEX
+
 ROW_MODES = ("packed", "padded")
 TOO_LONG = ("drop", "truncate")
 TRAIN_ON = ("assistant", "all")

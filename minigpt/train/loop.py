@@ -31,7 +31,7 @@ from minigpt.cpu.blocks import compile_training_forward, is_compiled_for_trainin
 from minigpt.data import TokenDataModule
 from minigpt.errors import UserError, first_line
 from minigpt.eval.training import tasks_in_training
-from minigpt.model import GPT
+from minigpt.model import GPT, IGNORE_INDEX
 from minigpt.train.interrupt import StopRequest
 from minigpt.train.plan import RunPlan
 from minigpt.train.rng import set_rng_state
@@ -246,8 +246,9 @@ class Loop:
     # ---- validation, samples, checkpoints -------------------------------------------------------
     @torch.no_grad()
     def validate(self) -> float:
-        """Token-weighted mean loss over the fixed validation windows of all processes: the
-        same number for any process count."""
+        """Mean loss per trained target over the fixed validation batches of all processes (a
+        target of -100, the loss's ignore_index, does not count: fine-tuning's prompts, padding):
+        the same number for any process count and batch size."""
         fabric, limit = self.fabric, self.plan.limit_val_batches
         loader = self.data.val_dataloader()
         n = len(loader) if limit is None else min(len(loader), limit if isinstance(limit, int)
@@ -258,8 +259,10 @@ class Loop:
             if i == n:
                 break
             x, y, *documents = fabric.to_device(batch)  # (B, T) each; document_ids with them
-            total[0] += self.module(x, y, *documents).double() * y.numel()
-            total[1] += y.numel()
+            targets = (y != IGNORE_INDEX).sum()
+            loss = self.module(x, y, *documents).double()  # NaN where nothing trains: not counted
+            total[0] += torch.where(targets > 0, loss * targets, 0.0)
+            total[1] += targets
         self.module.train()
         total = fabric.all_reduce(total, reduce_op="sum")
         return float(total[0] / total[1].clamp(min=1))

@@ -66,3 +66,32 @@ def test_sft_trains_stores_the_template_continues_and_resumes(tmp_path, chat_fil
     assert resumed["steps"] == 6
     state = torch.load(resumed["last"], weights_only=True)
     assert state["data"]["batches_consumed"] == 6
+
+
+def test_validation_loss_is_per_trained_target(tmp_path, chat_files):
+    """val/loss is the cross-entropy summed over the replies' tokens of every held-out
+    conversation, each run alone, divided by their count (the oracle below renders and scores
+    them one by one): batches with more reply tokens weigh more, prompts and padding not at all."""
+    from minigpt.model import GPT
+
+    val = tmp_path / "val.jsonl"  # replies of 1 to 8 characters: batches of unequal target counts
+    val.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"say {k}"},
+        {"role": "assistant", "content": "ab"[k % 2] * k}]}) + "\n" for k in range(1, 9)))
+    files = {**chat_files, "val": str(val)}
+    result = run(chat_cfg(files, "trainer.precision=32-true", "data.source_args.rows=padded",
+                          "trainer.max_steps=2", "trainer.val_check_interval=2"),
+                 tmp_path / "run")
+    loaded = load_for_inference(result["last"], device="cpu", dtype="float32")
+    model, template = loaded.model, loaded.chat_template
+    assert isinstance(model, GPT)
+    loss_sum, targets = 0.0, 0
+    with torch.no_grad():
+        for line in val.read_text().splitlines():
+            ids, train_mask = template.render(json.loads(line)["messages"])
+            ids, trained = torch.tensor(ids), torch.tensor(train_mask[1:])
+            logits = model(ids[None, :-1])[0]
+            losses = torch.nn.functional.cross_entropy(logits, ids[1:], reduction="none")
+            loss_sum += losses[trained].sum().item()
+            targets += int(trained.sum())
+    assert result["val_loss"] == pytest.approx(loss_sum / targets, rel=1e-5)
