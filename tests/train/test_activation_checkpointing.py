@@ -163,14 +163,17 @@ def _two_process_run(tmp_path, data_root, name, *args, fsdp=False):  # noqa: F81
 
 def test_ddp_and_fsdp_on_two_gloo_processes_train_as_without(tmp_path, data_root):  # noqa: F811
     """The same 3 steps on 2 CPU processes: DDP without checkpointing (the reference), DDP with
-    selective, FSDP (through Fabric, tests/train/fsdp_cpu_train.py) with blocks."""
+    selective, FSDP (through Fabric, tests/train/fsdp_cpu_train.py) with blocks, each block and
+    the head's loss compiled (compile=blocks)."""
     reference = _two_process_run(tmp_path, data_root, "ddp")
     ddp = _two_process_run(tmp_path, data_root, "ddp_selective",
                            "trainer.activation_checkpointing=selective")
     fsdp = _two_process_run(tmp_path, data_root, "fsdp_blocks",  # float32, as the others
-                            "trainer.fsdp.activation_checkpointing=true", fsdp=True)  # old key
+                            "trainer.fsdp.activation_checkpointing=true",  # the old key
+                            "compile=blocks", fsdp=True)
     assert "activation checkpointing: selective" in ddp[2]
     assert "activation checkpointing: blocks" in fsdp[2] and "CPUFSDPStrategy" in fsdp[2]
+    assert "compile: blocks" in fsdp[2]
     for checksum, val_loss, _ in (ddp, fsdp):
         assert checksum == pytest.approx(reference[0], rel=1e-5)
         assert val_loss == pytest.approx(reference[1], rel=1e-5)
