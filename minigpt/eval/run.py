@@ -15,53 +15,63 @@ from minigpt.errors import UserError
 
 
 def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
-    """Score the model ``cfg`` names on ``cfg.task``; print the table to ``out`` (stdout), write
-    ``cfg.out``; return what was written. ``cfg``: the typed config (a composed one is
-    converted)."""
+    """Score the model ``cfg`` names on ``cfg.task`` (a task of ``minigpt.eval.registry``, or
+    ``harness``: lm-eval's tasks); print the table to ``out`` (stdout), write ``cfg.out``; return
+    what was written. ``cfg``: the typed config (a composed one is converted)."""
     from minigpt.devices import check_device
 
     out = out or sys.stdout
     cfg = typed(cfg, EvalCommandSchema)
     _check_options(cfg)
     check_device(cfg.device)  # before the items and the model are read
-    if cfg.task == "harness":
-        tasks = _task_list(cfg.tasks)
-        from minigpt.eval.harness import MiniGPTLM, run_harness  # fails here without lm_eval
-    else:  # read the items before the model: a bad file fails at once
-        from minigpt.eval.registry import task_class
-
-        task = task_class(cfg.task)(cfg.path, cfg.cache_dir)
-        items = task.items(cfg.limit)
-    loaded, autocast = _load(cfg)
-    model, tokenizer, source, device = loaded.model, loaded.tokenizer, loaded.source, loaded.device
-    chat = cfg.apply_chat_template if cfg.task == "harness" else task.uses_chat_template
-    template = None
-    if chat:
-        from minigpt.chat.cli import chat_template_of
-
-        template = chat_template_of(loaded, cfg.chat_template)
-    if cfg.task == "harness":
-        lm = MiniGPTLM(model, tokenizer, batch_size=cfg.batch_size, device=device,
-                       autocast=autocast, max_gen_toks=cfg.max_gen_toks, chat_template=template)
-        results = run_harness(lm, tasks, num_fewshot=cfg.num_fewshot, limit=cfg.limit,
-                              include_path=cfg.include_path, apply_chat_template=chat)
-        from lm_eval.utils import make_table
-
-        out.write(make_table(results) + "\n")
-        result = {"source": source, **{k: results[k] for k in ("results", "versions", "n-shot",
-                                                                "config") if k in results}}
-    else:
-        from minigpt.eval.task import evaluate
-
-        task.chat_template = template
-        result = {"source": source, **evaluate(
-            task, model, tokenizer, items, batch_size=cfg.batch_size, device=device,
-            autocast=autocast, progress=cfg.progress)}
-        out.write(task_table(result, task.metrics) + "\n")
+    result = _run_harness(cfg, out) if cfg.task == "harness" else _run_task(cfg, out)
     out.flush()
     if cfg.out is not None:
         _write_json(cfg.out, result)
     return result
+
+
+def _run_task(cfg: EvalCommandSchema, out) -> dict:
+    """A task of the registry, scored by ``minigpt.eval.task.evaluate``."""
+    from minigpt.eval.registry import task_class
+    from minigpt.eval.task import evaluate
+
+    task = task_class(cfg.task)(cfg.path, cfg.cache_dir)
+    items = task.items(cfg.limit)  # before the model: a bad file fails at once
+    loaded, autocast = _load(cfg)
+    if task.uses_chat_template:
+        task.chat_template = _chat_template(loaded, cfg)
+    result = {"source": loaded.source, **evaluate(
+        task, loaded.model, loaded.tokenizer, items, batch_size=cfg.batch_size,
+        device=loaded.device, autocast=autocast, progress=cfg.progress)}
+    out.write(task_table(result, task.metrics) + "\n")
+    return result
+
+
+def _run_harness(cfg: EvalCommandSchema, out) -> dict:
+    """lm-eval's tasks (``cfg.tasks``) through ``minigpt.eval.harness``."""
+    tasks = _task_list(cfg.tasks)
+    from minigpt.eval.harness import MiniGPTLM, run_harness  # fails here without lm_eval
+
+    loaded, autocast = _load(cfg)
+    template = _chat_template(loaded, cfg) if cfg.apply_chat_template else None
+    lm = MiniGPTLM(loaded.model, loaded.tokenizer, batch_size=cfg.batch_size,
+                   device=loaded.device, autocast=autocast, max_gen_toks=cfg.max_gen_toks,
+                   chat_template=template)
+    results = run_harness(lm, tasks, num_fewshot=cfg.num_fewshot, limit=cfg.limit,
+                          include_path=cfg.include_path,
+                          apply_chat_template=cfg.apply_chat_template)
+    from lm_eval.utils import make_table
+
+    out.write(make_table(results) + "\n")
+    return {"source": loaded.source, **{k: results[k] for k in ("results", "versions", "n-shot",
+                                                                  "config") if k in results}}
+
+
+def _chat_template(loaded, cfg: EvalCommandSchema):
+    from minigpt.chat.cli import chat_template_of
+
+    return chat_template_of(loaded, cfg.chat_template)
 
 
 def task_table(result: dict, metrics) -> str:
