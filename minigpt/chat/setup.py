@@ -27,19 +27,31 @@ from minigpt.tokenizer import CharTokenizer, Tokenizer, get_tokenizer, tokenizer
 from minigpt.train.model_init import init_model, padded_vocab_size
 
 VAL_SEED = 0  # which conversations are held out does not change with the run's seed
+SYNTHETIC_DIR = "data/chat_synth"  # configs/data/chat.yaml's files, written by minigpt.chat.synthetic
+
+
+def _expanded(patterns: list[str]) -> list[str]:
+    """``expand_paths``; a missing file of the synthetic set says how to write it."""
+    try:
+        return expand_paths(patterns)
+    except FileNotFoundError as e:
+        if any(SYNTHETIC_DIR in str(p) for p in patterns):
+            raise FileNotFoundError(f"{e}; write the synthetic set with python -m "
+                                    f"minigpt.chat.synthetic --out {SYNTHETIC_DIR}") from None
+        raise
 
 
 def read_conversations(config: DataConfig, settings: ChatSettings):
     """``(train, val)`` lists of ``(where, messages)``: ``data.paths`` or the hub dataset;
     validation from ``val_paths``, else a fixed ``val_fraction`` of them held out."""
     if config.paths:
-        records = [r for path in expand_paths(config.paths) for r in read_jsonl(path)]
+        records = [r for path in _expanded(config.paths) for r in read_jsonl(path)]
     else:
         records = list(read_hub(config.hub_name, config.hub_config, config.split,
                                 config.revision, config.cache_dir))
     records = records[:config.max_documents]
     if settings.val_paths:
-        return records, [r for path in expand_paths(settings.val_paths) for r in read_jsonl(path)]
+        return records, [r for path in _expanded(settings.val_paths) for r in read_jsonl(path)]
     held = max(1, round(len(records) * config.val_fraction))
     if held >= len(records):
         raise ChatDataError(f"data={config.name}: {len(records)} conversation(s) are too few to "

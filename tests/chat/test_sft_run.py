@@ -95,3 +95,10 @@ def test_validation_loss_is_per_trained_target(tmp_path, chat_files):
             loss_sum += losses[trained].sum().item()
             targets += int(trained.sum())
     assert result["val_loss"] == pytest.approx(loss_sum / targets, rel=1e-5)
+
+
+def test_missing_synthetic_set_says_how_to_write_it(tmp_path, chat_files):
+    missing = tmp_path / "data" / "chat_synth" / "train.jsonl"
+    with pytest.raises(FileNotFoundError, match=r"no such file .*train\.jsonl.*; write the "
+                       r"synthetic set with python -m minigpt\.chat\.synthetic --out"):
+        run(chat_cfg({**chat_files, "train": [str(missing)]}), tmp_path / "run")
