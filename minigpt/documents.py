@@ -169,9 +169,9 @@ _BLOCK_MASKS = _LastBlockMask()
 @functools.cache
 def _compiled_block_mask():
     """``_block_mask`` compiled once per process: eagerly, create_block_mask evaluates the rule
-    on the whole (B, T, T) grid, ~11 ms a mask for GPT-2 small's batch on an H200, as long as
-    the attention it serves; compiled, it never materializes the grid. One graph serves every
-    batch of a shape (the ids are its inputs; an int window is a constant of it)."""
+    on the whole (B, T, T) grid, which costs as much as the attention it serves
+    (bench/README.md); compiled, it never materializes the grid. One graph serves every batch of
+    a shape (the ids are its inputs; an int window is a constant of it)."""
     return torch.compile(_block_mask, dynamic=False)
 
 
