@@ -66,8 +66,7 @@ def document_mask_table(base: GPTConfig, device: torch.device, lengths: tuple[in
         model = GPT(replace(base, context_length=T, **fields)).to(device)
         batch = max(1, tokens_per_step // T)
         idx = packed_rows(batch, T + 1, doc_mean).to(device)
-        steps[label], rows[label] = step_of(model, idx, fields.get("document_mask", False)), \
-            (batch, T)
+        steps[label], rows[label] = step_of(model, idx, model.config.document_mask), (batch, T)
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     seconds = medians(time_interleaved(steps, warmup, repeats, sync=sync))
     return {label: {"ms": s * 1e3, "tokens_per_s": rows[label][0] * rows[label][1] / s,

@@ -2,9 +2,12 @@
 never rots: every variant steps (the masked ones with document ids) and both target lines
 print."""
 
+from dataclasses import replace
+
 import torch
 
 from bench import gpu_documents
+from minigpt.model import GPTConfig
 
 
 def test_document_mask_gpu_bench_self_test_prints_its_table():
@@ -21,4 +24,5 @@ def test_the_masked_variants_step_with_document_ids():
     labels = [(label, fields) for label, _, fields in gpu_documents.cases(1024, 8192, 1024)]
     assert labels[-1] == ("T=8192 document mask, window 1024",
                           {"document_mask": True, "window": 1024})
-    assert [f.get("document_mask", False) for _, f in labels] == [False, True, False, True, True]
+    masked = [replace(GPTConfig(), **fields).document_mask for _, fields in labels]
+    assert masked == [False, True, False, True, True]

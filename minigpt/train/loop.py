@@ -66,7 +66,7 @@ class ModelWithLoss(nn.Module):
                 if not is_compiled_for_training(block):
                     compile_training_forward(block)
             head_loss = model.next_token_loss
-            if not getattr(head_loss.forward, "compiled_for_training", False):
+            if not is_compiled_for_training(head_loss):
                 # An instance attribute, as the blocks': the module and its state dict unchanged.
                 head_loss.forward = torch.compile(head_loss.forward)
                 head_loss.forward.compiled_for_training = True
