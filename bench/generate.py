@@ -10,20 +10,21 @@ GPT-2-small-sized weights (vocab 50257). Both models hold the same weights (ours
 
 **The bound**: decoding a token multiplies one vector by every weight matrix (the blocks' linear
 layers and the LM head), so no decoder can be faster than one pass over those weights. It is
-timed here as that pass: each matrix, contiguous, multiplied by one vector with the fastest of
-the kernels ``minigpt.cpu.packed`` can use for it (``F.linear``, an (in, out) copy on MKL,
-oneDNN's packed layout), in the model's order so every weight comes from memory as it does when
-decoding. The bfloat16 rows are held against the same pass over oneDNN-packed bfloat16 weights.
+timed here as that pass, the faster of two ways: each matrix, contiguous, multiplied by one
+vector with the fastest of the eager kernels ``minigpt.cpu.packed`` can use for it
+(``F.linear``, an (in, out) copy on MKL, oneDNN's packed layout), in the model's order so every
+weight comes from memory as it does when decoding; and with ``--compiled`` the row-sum layout
+compiled by inductor (one call per shape). The bfloat16 rows are held against the same pass over
+bfloat16 weights (oneDNN-packed eagerly, row-sum compiled).
 
 Rows: "tuned" is what generate.py runs on the CPU (``minigpt.cpu.speed_up_decoding``: per
 shape the layout this machine reads fastest, from ``minigpt.cpu.tuning``'s timings file);
 "nn.Linear" the plain model; "fixed-shape" the decoder CUDA graphs use
 (``minigpt.static_decoding``, over the tuned model, eager here: it attends over its whole
 cache, sized to prompt + new tokens), "compiled" what ``generate.py decoder=compiled`` runs on
-the CPU (``--compiled``: that step compiled by inductor over the tuned layouts it can trace;
-its compile time is printed apart; with bfloat16 also that step on bfloat16 weights and
-activations, as ``decoder=compiled dtype=bfloat16`` runs it); "no cache" reruns the window every
-token (fewer repeats); "bf16 weights" keeps float32 activations. All variants live in this process and are timed
+the CPU (``--compiled``: that step compiled by inductor over row-sum weights, float32 and, with
+bfloat16, bfloat16 ones; compile times printed apart); "no cache" reruns the window every token
+(fewer repeats); "bf16 weights" keep float32 activations in every row. All variants live in this process and are timed
 round-robin after a warm-up; medians over ``--repeats``. Wall rates are what a user sees; with
 ``--threads 1`` the CPU-time rates are not inflated by other processes on a shared machine.
 """
@@ -39,11 +40,11 @@ import time
 import torch
 
 from minigpt.cpu import onednn, speed_up_decoding
-from minigpt.cpu.packed import DECODE_KERNELS, PackedLinear, matmul_packed, pack_weight
+from minigpt.cpu.packed import DECODE_KERNELS, ROWSUM, PackedLinear, matmul_packed, pack_weight
 from minigpt.cpu.tuning import clock
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate
-from minigpt.static_decoding import StaticDecoder
+from minigpt.static_decoding import CPU_STEP_OPTIONS, StaticDecoder
 
 REF = "ours fp32, KV cache, tuned"
 PLAIN = "ours fp32, KV cache, nn.Linear"
@@ -54,6 +55,7 @@ BOUND = "bound fp32 (one pass over the weights)"
 BOUND_BF16 = "bound bf16 weights (one pass)"
 COMPILED = "ours fp32, fixed-shape cache, compiled"
 COMPILED_BF16 = "ours bf16, fixed-shape cache, compiled"
+BF16_REFERENCE = "float32 on bf16-rounded weights"  # not timed: the bf16 rows' tokens
 
 
 def main() -> None:
@@ -67,6 +69,8 @@ def main() -> None:
                            generator=torch.Generator().manual_seed(0))
     variants, layouts = build_variants(model, prompt, args)
     times, cpu, outputs = run_interleaved(variants)
+    if args.dtype != "float32":
+        outputs[BF16_REFERENCE] = bf16_reference(model, prompt, args.new_tokens)
     report(times, cpu, outputs, args)
     report_shapes(layouts)
 
@@ -105,7 +109,7 @@ def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict]:
         return lambda tokens=n: generate(m, prompt, tokens, temperature=0, use_cache=use_cache,
                                          decoder=decoder)
 
-    bound, shape_seconds = weight_pass(model, torch.float32, n)
+    bound, shape_seconds = weight_pass(model, torch.float32, n, args.compiled)
     variants, layouts = {BOUND: (bound, args.repeats)}, {}
     if args.dtype != "bfloat16":
         tuned, plain = copy(torch.float32), copy()
@@ -123,11 +127,13 @@ def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict]:
                                                     capacity), args.repeats)
         variants[NOCACHE] = (ours(tuned, use_cache=False), args.nocache_repeats)
     if args.dtype != "float32":
-        variants[BOUND_BF16] = (weight_pass(model, torch.bfloat16, n)[0], args.repeats)
+        variants[BOUND_BF16] = (weight_pass(model, torch.bfloat16, n, args.compiled)[0],
+                                args.repeats)
         variants[BF16] = (ours(copy(torch.bfloat16)), args.repeats)
-        if args.compiled:  # decoder=compiled dtype=bfloat16: bf16 weights and activations
-            variants[COMPILED_BF16] = (compiled_decoding(copy().to(torch.bfloat16), ours,
-                                                         args.prompt_tokens + n), args.repeats)
+        if args.compiled:  # decoder=compiled dtype=bfloat16: row-sum bf16 weights
+            variants[COMPILED_BF16] = (compiled_decoding(copy(torch.bfloat16, traceable=True),
+                                                         ours, args.prompt_tokens + n),
+                                       args.repeats)
     if not args.no_transformers:
         hf = _transformers_model(model)
 
@@ -139,6 +145,18 @@ def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict]:
 
         variants[HF] = (hf_generate, args.repeats)
     return variants, layouts
+
+
+@torch.no_grad()
+def bf16_reference(model: GPT, prompt: torch.Tensor, tokens: int) -> torch.Tensor:
+    """The greedy tokens of the plain float32 model on ``model``'s linear weights rounded to
+    bfloat16: what a decoder on bfloat16 weights and float32 activations should produce."""
+    rounded = GPT(GPTConfig()).eval()
+    rounded.load_state_dict(model.state_dict())
+    for layer in rounded.modules():
+        if isinstance(layer, torch.nn.Linear):
+            layer.weight.copy_(layer.weight.to(torch.bfloat16).float())
+    return generate(rounded, prompt, tokens, temperature=0)
 
 
 def compiled_decoding(model: GPT, ours, capacity: int):
@@ -153,12 +171,14 @@ def compiled_decoding(model: GPT, ours, capacity: int):
 
 
 @torch.no_grad()
-def weight_pass(model: GPT, dtype: torch.dtype, tokens: int):
+def weight_pass(model: GPT, dtype: torch.dtype, tokens: int, compiled: bool = False):
     """A call ``run(passes=tokens)`` that multiplies one vector by every weight matrix a
-    decoded token multiplies by, in the model's order, each with the kernel that read it
-    fastest in three trial passes (bfloat16: oneDNN's packed layout, the one kernel for it);
-    also the trial passes' seconds per product of each layout, per (in, out) shape (the mean
-    over the shape's matrices of each one's fastest pass)."""
+    decoded token multiplies by, the faster of two ways, each timed over three trial passes:
+    eagerly in the model's order, each matrix with the kernel that read it fastest (bfloat16:
+    oneDNN's packed layout, the one eager kernel for it); and with ``compiled``, the row-sum
+    layout compiled by inductor, one call per shape over all that shape's matrices (what
+    ``decoder=compiled`` reads). Also the trial passes' seconds per product of each layout, per
+    (in, out) shape (eager: the mean over the shape's matrices of each one's fastest pass)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     kernels = DECODE_KERNELS if dtype == torch.float32 else ("onednn",)
     layouts = {k: [pack_weight(m.weight, k, dtype) for m in linears] for k in kernels}
@@ -182,12 +202,70 @@ def weight_pass(model: GPT, dtype: torch.dtype, tokens: int):
     shape_seconds = {shape: {k: statistics.mean(t) for k, t in by_kernel.items()}
                      for shape, by_kernel in shapes.items()}
 
-    def passes(passes=tokens):
+    def eager(passes=tokens):
         for _ in range(passes):
             for x, w, kernel in chosen:
                 matmul_packed(x, w, None, kernel)
 
-    return passes, shape_seconds
+    bound, eager_seconds = eager, min(_seconds(eager) for _ in range(3))
+    how = f"eager, fastest kernel per matrix: {eager_seconds * 1e3:.2f} ms"
+    if compiled:
+        rowsum, rowsum_seconds = _rowsum_pass(linears, dtype, tokens)
+        for shape, seconds in rowsum_seconds.items():
+            shape_seconds[shape][ROWSUM] = seconds / len(shapes[shape][kernels[0]])
+        total = min(_seconds(rowsum) for _ in range(3))
+        how += f"; compiled row-sum, one call: {total * 1e3:.2f} ms"
+        if total < eager_seconds:
+            bound = rowsum
+    print(f"bound {str(dtype).removeprefix('torch.')} (trial passes; the faster is the bound): "
+          f"{how}", file=sys.stderr)
+    return bound, shape_seconds
+
+
+def _rowsum_pass(linears: list, dtype: torch.dtype, tokens: int):
+    """``run(passes=tokens)`` over every matrix in the row-sum layout, in the model's order, as
+    one compiled call (as the decode step reads them: no Python between the products); and per
+    (in, out) shape the fastest of three trial calls' seconds of a compiled call over all that
+    shape's matrices (for the per-shape table)."""
+    weights = [pack_weight(m.weight, ROWSUM, dtype) for m in linears]
+    vectors = [torch.ones(1, m.in_features) for m in linears]
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, m in enumerate(linears):
+        groups.setdefault((m.in_features, m.out_features), []).append(i)
+
+    def products(xs, ws):
+        return [matmul_packed(x, w, None, ROWSUM) for x, w in zip(xs, ws, strict=True)]
+
+    def compiled():
+        return torch.compile(products, dynamic=False, fullgraph=True,
+                             options=CPU_STEP_OPTIONS)
+
+    with torch._dynamo.config.patch(recompile_limit=64):  # one graph per shape and dtype
+        calls = [(compiled(), [vectors[i] for i in idx], [weights[i] for i in idx])
+                 for idx in groups.values()]
+        best = [float("inf")] * len(calls)
+        now = clock()
+        for _ in range(4):  # the first call compiles
+            for i, (call, xs, ws) in enumerate(calls):
+                start = now()
+                call(xs, ws)
+                best[i] = min(best[i], now() - start)
+        whole = compiled()
+        whole(vectors, weights)
+
+    def passes(passes=tokens):
+        for _ in range(passes):
+            whole(vectors, weights)
+
+    return passes, dict(zip(groups, best, strict=True))
+
+
+def _seconds(run) -> float:
+    """Seconds of one ``run(1)`` on ``clock()``."""
+    now = clock()
+    start = now()
+    run(1)
+    return now() - start
 
 
 def run_interleaved(variants: dict):
@@ -212,16 +290,17 @@ def report(times, cpu, outputs, args) -> None:
     n = args.new_tokens
     rate = {name: n / statistics.median(ts) for name, ts in times.items()}
     cpu_rate = {name: n / statistics.median(ts) for name, ts in cpu.items()}
-    ref = outputs.get(REF, outputs.get(BF16))
+    ref = outputs.get(NOCACHE, outputs.get(REF))
     print(f"\ngreedy decoding, batch 1, {args.prompt_tokens}-token prompt, {n} new tokens, GPT-2 "
           f"small random weights, torch {torch.__version__}, {args.threads} thread(s)")
     print(f"{'variant':<40} {'tok/s':>6} {'of bound':>8} {'cpu tok/s':>9} {'of bound':>8}  "
-          "same tokens as the first of ours")
+          "same tokens as uncached (bf16: float32 on bf16-rounded weights)")
     for name in times:
         bound = BOUND_BF16 if "bf16" in name else BOUND
-        same = "-" if name.startswith("bound") or outputs[name] is None else (
-            "yes" if torch.equal(outputs[name], ref) else
-            f"first {_common_prefix(outputs[name], ref) - args.prompt_tokens} tokens")
+        expected = outputs.get(BF16_REFERENCE) if "bf16" in name else ref
+        same = "-" if name.startswith("bound") or outputs[name] is None or expected is None \
+            else "yes" if torch.equal(outputs[name], expected) else \
+            f"first {_common_prefix(outputs[name], expected) - args.prompt_tokens} tokens"
         print(f"{name:<40} {rate[name]:>6.1f} {rate[name] / rate[bound]:>8.0%} "
               f"{cpu_rate[name]:>9.1f} {cpu_rate[name] / cpu_rate[bound]:>8.0%}  {same}")
     for label, r in (("wall", rate), ("cpu", cpu_rate)):
@@ -232,6 +311,12 @@ def report(times, cpu, outputs, args) -> None:
         if COMPILED in r:
             print(f"  ours fp32 compiled step / eager tuned: {r[COMPILED] / r[REF]:.2f}x "
                   f"({r[COMPILED] / r[BOUND]:.0%} of the bound; compile time apart, above)")
+            if HF in r:
+                print(f"  ours fp32 compiled step / transformers fp32: {r[COMPILED] / r[HF]:.2f}x")
+            if COMPILED_BF16 in r:
+                print(f"  ours bf16 compiled step / ours fp32 compiled step: "
+                      f"{r[COMPILED_BF16] / r[COMPILED]:.2f}x ({r[COMPILED_BF16] / r[BOUND_BF16]:.0%}"
+                      " of the bf16 bound)")
         if REF in r and HF in r:
             print(f"  ours fp32 tuned / transformers fp32: {r[REF] / r[HF]:.2f}x (target >= "
                   f"1.3x; {r[PLAIN] / r[HF]:.2f}x with nn.Linear)")
@@ -251,12 +336,17 @@ def report_shapes(layouts: dict) -> None:
         return
     print(f"\nper shape (ms per product, each matrix from memory; "
           f"{'CPU' if clock() is time.thread_time else 'wall'} time)")
+    rowsum = all(ROWSUM in seconds for seconds, _ in layouts.values())
     print(f"{'in x out':<12} {'nn.Linear':>9} {'(in,out)':>9} {'oneDNN':>9} {'applied':>9} "
-          f"{'vs nn.Linear':>12}")
+          f"{'vs nn.Linear':>12}" + (f" {'row-sum compiled':>16} {'vs nn.Linear':>12}"
+                                     if rowsum else ""))
     for (d_in, d_out), (seconds, kernel) in layouts.items():
-        ms = {k: seconds[k] * 1e3 for k in DECODE_KERNELS}
-        print(f"{f'{d_in}x{d_out}':<12} {ms['plain']:>9.3f} {ms['mkl']:>9.3f} {ms['onednn']:>9.3f} "
-              f"{kernel:>9} {ms['plain'] / ms[kernel]:>11.2f}x")
+        ms = {k: seconds[k] * 1e3 for k in seconds}
+        line = (f"{f'{d_in}x{d_out}':<12} {ms['plain']:>9.3f} {ms['mkl']:>9.3f} "
+                f"{ms['onednn']:>9.3f} {kernel:>9} {ms['plain'] / ms[kernel]:>11.2f}x")
+        if rowsum:
+            line += f" {ms[ROWSUM]:>16.3f} {ms['plain'] / ms[ROWSUM]:>11.2f}x"
+        print(line)
 
 
 def _transformers_model(model: GPT):

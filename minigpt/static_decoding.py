@@ -26,10 +26,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["StaticDecoder"]
+__all__ = ["CPU_STEP_OPTIONS", "StaticDecoder"]
 
 # Capacities are rounded up to a multiple of this: nearby lengths share one compiled step.
 CAPACITY_MULTIPLE = 64
+
+# Inductor's options for the CPU step. "deterministic" keeps a broadcast input a stored buffer:
+# without it inductor recomputes the row a linear layer reads (a LayerNorm of the residual
+# stream) inside the loop over every weight row, which makes a one-row product of
+# minigpt.cpu's row-sum layout compute-bound. The step's modules do not change between
+# tokens, so their guards are not checked at every step (torch >= 2.8). bench/README.md has
+# both effects.
+CPU_STEP_OPTIONS = {"deterministic": True}
+if hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe"):
+    CPU_STEP_OPTIONS["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
 
 
 class StaticDecoder:
@@ -39,9 +49,10 @@ class StaticDecoder:
     ``CAPACITY_MULTIPLE``, at most what ``model.new_kv_cache`` holds by default, its context or
     window); None: that default. ``generate`` refuses a decoder too small for its call. With
     ``compile`` the step (``model`` itself) is compiled: with ``mode="reduce-overhead"`` (CUDA
-    graphs) on a GPU, with inductor's defaults on the CPU; without it, it runs eagerly, as the
-    reference the tests compare both with. Build one per batch size and reuse it: each new
-    decoder compiles its step again.
+    graphs) on a GPU, by inductor on the CPU; without it, it runs eagerly, as the reference the
+    tests compare both with. Build one per batch size and reuse it: each new decoder compiles
+    its step again. The compiled CPU step does not check the model's modules again: decode with
+    the model as it was built (``generate`` puts it in eval mode), or build a new decoder.
     """
 
     def __init__(self, model, batch_size: int, *, compile: bool = False,
@@ -62,7 +73,7 @@ class StaticDecoder:
         self._cuda = self.cache.seen.device.type == "cuda"
         self._forward = model if not compile else \
             torch.compile(model, mode="reduce-overhead", fullgraph=True) if self._cuda else \
-            torch.compile(model, fullgraph=True)
+            torch.compile(model, fullgraph=True, options=CPU_STEP_OPTIONS)
 
     @property
     def capacity(self) -> int:

@@ -35,13 +35,7 @@ from minigpt.cpu.blocks import (
 from minigpt.cpu.host_memory import keep_freed_memory as _keep_freed_memory
 from minigpt.cpu.linear import MATMULS, OneDNNLinear, measure_matmuls, timed_shape, train_key
 from minigpt.cpu.loss import ChunkedNextTokenLoss
-from minigpt.cpu.packed import (
-    DECODE_KERNELS,
-    TRACEABLE_KERNELS,
-    PackedLinear,
-    decode_key,
-    measure_decoding,
-)
+from minigpt.cpu.packed import ROWSUM, PackedLinear, decode_key, measure_decoding
 from minigpt.cpu.tuning import KernelChoices, describe, pick, shape_of
 
 __all__ = ["Applied", "KernelChoices", "speed_up_decoding", "speed_up_training"]
@@ -174,12 +168,15 @@ def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float3
                       kernels: KernelChoices | None = None, *, traceable: bool = False
                       ) -> list[str]:
     """Lay a CPU model's linear weights out for one-token-at-a-time decoding, in place, and put
-    it in eval mode; return what was applied, and why. bfloat16 ``weight_dtype``: every layer
-    multiplies oneDNN-packed bfloat16 weights (float32 activations). float32: each layer's
-    shape takes the layout ``kernels`` (this machine's timings, ``minigpt.cpu.tuning``;
-    measured on first use) found fastest (``minigpt.cpu.packed``), or stays ``nn.Linear``;
-    ``traceable``: of the layouts ``torch.compile`` can trace only (not oneDNN's packed ones),
-    for a decode step compiled afterwards (float32 only: bfloat16 applies nothing then).
+    it in eval mode; return what was applied, and why. Activations stay float32.
+
+    * ``traceable`` (for a decode step compiled afterwards): every layer takes the ``rowsum``
+      layout in ``weight_dtype``, which the compiled step reads in one streaming pass;
+    * else bfloat16 ``weight_dtype``: every layer multiplies oneDNN-packed bfloat16 weights;
+    * else float32: each layer's shape takes the layout ``kernels`` (this machine's timings,
+      ``minigpt.cpu.tuning``; measured on first use) found fastest (``minigpt.cpu.packed``),
+      or stays ``nn.Linear``.
+
     Inference only: the copies do not follow later weight updates."""
     if weight_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"weight_dtype={weight_dtype} must be torch.float32 or torch.bfloat16")
@@ -187,8 +184,14 @@ def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float3
         return []
     model.eval()
     layers = _linears(model)
-    if not layers or (traceable and weight_dtype != torch.float32):
+    if not layers:
         return []
+    if traceable:
+        for parent, name, layer in _linear_slots(model, layers):
+            setattr(parent, name, PackedLinear.like(layer, weight_dtype, ROWSUM))
+        dtype = str(weight_dtype).removeprefix("torch.")
+        return [f"row-sum {dtype} weights ({len(layers)}: the compiled step streams each "
+                "one-row product over the weight in its own loop)"]
     if weight_dtype == torch.bfloat16:
         for parent, name, layer in _linear_slots(model, layers):
             setattr(parent, name, PackedLinear.like(layer, weight_dtype))
@@ -196,9 +199,7 @@ def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float3
     keys = [decode_key(layer) for layer in layers]
     timings, cached = (kernels or KernelChoices()).timings(
         keys, lambda missing: measure_decoding(layers, missing), "plain")
-    usable = [k for k in DECODE_KERNELS if not traceable or k in TRACEABLE_KERNELS]
-    choices = {key: pick({k: timings[key][k] for k in usable if k in timings[key]}, "plain",
-                         key in cached) for key in keys}
+    choices = {key: pick(timings[key], "plain", key in cached) for key in keys}
     for parent, name, layer in _linear_slots(model, layers):
         kernel = choices[decode_key(layer)].kernel
         if kernel != "plain":

@@ -5,15 +5,22 @@ speed of reading the weights from memory, and that depends on the layout each ke
 
 * ``plain``:  ``F.linear`` on ``nn.Linear``'s (out, in) weight (the layer is left as it is);
 * ``mkl``:    PyTorch's default GEMM on an (in, out) copy of the weight;
-* ``onednn``: oneDNN's linear on its own blocked copy of the weight (the only one for bfloat16
-  weights, which halve the bytes read; activations stay float32).
+* ``onednn``: oneDNN's linear on its own blocked copy of the weight (for bfloat16 weights, which
+  halve the bytes read, the one eager kernel; activations stay float32);
+* ``rowsum``: for a compiled decode step: the (out, in) weight, float32 or bfloat16, and a
+  one-row product written as a multiply and a sum over each weight row, which inductor compiles
+  into one streaming pass over the weight inside the step's own program (bfloat16 widened to
+  float32 in registers); other calls (the prompt, eager steps) run ``F.linear`` on a widened
+  copy. Activations and sums stay float32 throughout: the float32 model on rounded weights.
 
-Which float32 layout reads fastest differs by CPU and shape (``bench/generate.py``), so
-``measure_decoding`` times all three on the model's own layers, in the model's order, so that
-each weight comes from memory as it does while decoding (``minigpt.cpu.tuning`` keeps the
-result). ``PackedLinear.like(layer, kernel)`` keeps ``layer``'s ``Parameter`` objects (the state
-dict and tied weights are unchanged) and multiplies with a copy made once: for inference only,
-since the copy does not follow later weight updates.
+Which eager float32 layout reads fastest differs by CPU and shape (``bench/generate.py``), so
+``measure_decoding`` times the first three on the model's own layers, in the model's order, so
+that each weight comes from memory as it does while decoding (``minigpt.cpu.tuning`` keeps the
+result). A compiled step takes ``rowsum`` on every layer: oneDNN's packed layouts cannot be
+traced, and the streaming pass read every shape at least as fast as the traceable layouts in
+``bench/generate.py``'s per-shape table. ``PackedLinear.like(layer, kernel)`` keeps ``layer``'s
+``Parameter`` objects (the state dict and tied weights are unchanged) and multiplies with a copy
+made once: for inference only, since the copy does not follow later weight updates.
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ from torch import Tensor, nn
 
 from minigpt.cpu.tuning import Timings, clock
 
-DECODE_KERNELS = ("plain", "mkl", "onednn")
-TRACEABLE_KERNELS = ("plain", "mkl")  # torch.compile traces these (oneDNN's packed tensor: no)
+DECODE_KERNELS = ("plain", "mkl", "onednn")  # the eager layouts ``measure_decoding`` times
+ROWSUM = "rowsum"  # the compiled step's layout
 
 
 def decode_key(layer: nn.Linear) -> str:
@@ -41,14 +48,25 @@ def pack_weight(weight: Tensor, kernel: str, dtype: torch.dtype = torch.float32)
     w = weight.detach().to(dtype)
     if kernel == "plain":
         return w
+    if kernel == ROWSUM:
+        return w.contiguous()
     if kernel == "mkl":
         return w.t().contiguous()  # (in, out)
     return torch.ops.mkldnn._reorder_linear_weight(w, 1)  # blocked for one row; any count works
 
 
 def matmul_packed(x: Tensor, packed: Tensor, bias: Tensor | None, kernel: str) -> Tensor:
-    """``x @ W.T + bias`` for rows ``x`` (N, in) and ``packed = pack_weight(W, kernel)``; the
-    result in ``packed``'s dtype."""
+    """``x @ W.T + bias`` for rows ``x`` (N, in) and ``packed = pack_weight(W, kernel)``. The
+    eager layouts cast ``x`` to ``packed``'s dtype and return that dtype; ``rowsum`` widens the
+    weight to ``x``'s dtype instead (``bias`` in ``x``'s dtype too), and returns ``x``'s."""
+    if kernel == ROWSUM:
+        if x.shape[0] == 1 and torch.compiler.is_compiling():
+            # Written so that inductor fuses the widening, the products and the sums into one
+            # loop over the weight's rows: no widened copy of the weight, no GEMM call.
+            y = (packed.to(x.dtype) * x).sum(dim=-1).unsqueeze(0)  # (1, out)
+            return y if bias is None else y + bias
+        return F.linear(x, packed.to(x.dtype), bias)  # the prompt: a widened copy, once
+    x = x.to(packed.dtype)
     if kernel == "plain":
         return F.linear(x, packed, bias)
     if kernel == "mkl":
@@ -58,22 +76,24 @@ def matmul_packed(x: Tensor, packed: Tensor, bias: Tensor | None, kernel: str) -
 
 class PackedLinear(nn.Module):
     """``nn.Linear`` for inference, multiplying with a copy of its weight laid out for
-    ``kernel`` in ``weight_dtype``; inputs are cast to ``weight_dtype`` and outputs back to the
-    input's dtype."""
+    ``kernel`` in ``weight_dtype``; inputs are cast to ``weight_dtype`` (``rowsum``: the weight
+    is widened to the input's dtype instead) and outputs back to the input's dtype."""
 
     def __init__(self, in_features: int, out_features: int, weight: nn.Parameter,
                  bias: nn.Parameter | None, weight_dtype: torch.dtype = torch.float32,
                  kernel: str = "onednn"):
         super().__init__()
-        if kernel not in DECODE_KERNELS or (weight_dtype != torch.float32 and kernel != "onednn"):
-            raise ValueError(f"kernel={kernel!r} must be one of {DECODE_KERNELS} (oneDNN only "
-                             f"for {weight_dtype} weights)")
+        if kernel not in (*DECODE_KERNELS, ROWSUM) or (
+                weight_dtype != torch.float32 and kernel not in ("onednn", ROWSUM)):
+            raise ValueError(f"kernel={kernel!r} must be one of {(*DECODE_KERNELS, ROWSUM)} "
+                             f"(onednn or rowsum for {weight_dtype} weights)")
         self.in_features, self.out_features = in_features, out_features
         self.weight, self.bias = weight, bias  # the original Parameters: the state dict's keys
         self.weight_dtype, self.kernel = weight_dtype, kernel
         with torch.no_grad():
             self._packed = pack_weight(weight, kernel, weight_dtype)
-            self._bias = None if bias is None else bias.detach().to(weight_dtype)
+            bias_dtype = torch.float32 if kernel == ROWSUM else weight_dtype
+            self._bias = None if bias is None else bias.detach().to(bias_dtype)
 
     @classmethod
     def like(cls, layer: nn.Linear, weight_dtype: torch.dtype = torch.float32,
@@ -82,7 +102,7 @@ class PackedLinear(nn.Module):
                    kernel)
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features).to(self.weight_dtype)  # (N, in)
+        rows = x.reshape(-1, self.in_features)  # (N, in)
         y = matmul_packed(rows, self._packed, self._bias, self.kernel)  # (N, out)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from minigpt.cpu import onednn, speed_up_decoding
-from minigpt.cpu.packed import DECODE_KERNELS, PackedLinear
+from minigpt.cpu.packed import DECODE_KERNELS, ROWSUM, PackedLinear
 from minigpt.cpu.tuning import CLOSE_CALL_RUNS
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate
@@ -25,7 +25,7 @@ def tiny_model(seed=0):
                          init_std=1.0)).eval()
 
 
-@pytest.mark.parametrize("kernel", DECODE_KERNELS)
+@pytest.mark.parametrize("kernel", [*DECODE_KERNELS, ROWSUM])
 @pytest.mark.parametrize("shape", [(5, 48), (1, 1, 48), (2, 7, 48)])
 def test_packed_linear_matches_linear(shape, kernel):
     linear = nn.Linear(48, 80)
@@ -34,9 +34,30 @@ def test_packed_linear_matches_linear(shape, kernel):
         packed = PackedLinear.like(linear, kernel=kernel)
         assert packed.weight is linear.weight and packed.bias is linear.bias
         torch.testing.assert_close(packed(x), linear(x))
-        bf16 = PackedLinear.like(linear, torch.bfloat16)(x)
+        bf16_kernel = kernel if kernel in ("onednn", ROWSUM) else "onednn"
+        bf16 = PackedLinear.like(linear, torch.bfloat16, bf16_kernel)(x)
         assert bf16.dtype == torch.float32  # bfloat16 weights, float32 activations
         torch.testing.assert_close(bf16, linear(x), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_rowsum_streams_the_weight_in_float32(dtype):
+    """Compiled, a one-row product of the row-sum layout is one fused loop (no GEMM call) that
+    sums in float32: against float64 on the same ``dtype``-rounded weights, to float32
+    rounding (the eager bfloat16 layouts, which round the row to bfloat16, miss by ~1e-2)."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 96)
+    x = torch.randn(1, 1, 256)
+    expected = x.double() @ linear.weight.detach().to(dtype).double().T + linear.bias.double()
+    layer = PackedLinear.like(linear, dtype, ROWSUM)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        y, code = run_and_get_code(torch.compile(layer, fullgraph=True, dynamic=False), x)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
+    assert "mm(" not in "".join(code) and "cpp_fused" in "".join(code)
 
 
 def test_bfloat16_weights_have_one_layout():
@@ -134,19 +155,30 @@ def test_decoding_never_reads_cache_slots_it_has_not_written(monkeypatch):
     assert torch.equal(generate(model, idx, 30, temperature=0), expected)  # crops at 24 too
 
 
-def test_traceable_layouts_leave_onednn_out_and_compile(fake_timings):
-    """``traceable``: oneDNN's packed layout (which torch.compile cannot trace) is never picked;
-    the next-fastest layout is, and the compiled fixed-shape step decodes the uncached tokens."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_traceable_takes_rowsum_and_the_compiled_step_decodes_the_uncached_tokens(
+        dtype, fake_timings):
+    """``traceable``: every layer takes the row-sum layout, whatever the eager timings say (none
+    are measured), and the compiled fixed-shape step decodes the tokens of the uncached model
+    with the same (``dtype``-rounded) weights in float32."""
     from minigpt.static_decoding import StaticDecoder
 
-    fake_timings(decode={"plain": 1.0, "mkl": 0.8, "onednn": 0.5})
-    model = tiny_model()
+    calls = fake_timings(decode={"plain": 1.0, "mkl": 0.8, "onednn": 0.5})
+    model, oracle = tiny_model(), tiny_model()
+    with torch.no_grad():
+        for layer in oracle.modules():
+            if isinstance(layer, nn.Linear):
+                layer.weight.copy_(layer.weight.to(dtype).float())
     idx = torch.tensor([[1, 2, 3]])
-    expected = generate(model, idx, 30, temperature=0, use_cache=False)
-    applied = speed_up_decoding(model, traceable=True)
-    assert applied == [f"(in, out) MKL float32 weights (9: {', '.join(f'{s} x1.25' for s in SHAPES)}"
-                       "; measured)"]
-    assert speed_up_decoding(tiny_model(), torch.bfloat16, traceable=True) == []
+    expected = generate(oracle, idx, 30, temperature=0, use_cache=False)
+    applied = speed_up_decoding(model, dtype, traceable=True)
+    name = str(dtype).removeprefix("torch.")
+    assert applied == [f"row-sum {name} weights (9: the compiled step streams each one-row "
+                       "product over the weight in its own loop)"]
+    assert calls == []
+    layers = [m for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear))]
+    assert all(type(m) is PackedLinear and m.kernel == ROWSUM for m in layers)
+    assert model.lm_head.weight is model.tok_emb.weight  # still tied
     torch._dynamo.reset()
     decoder = StaticDecoder(model, 1, compile=True, capacity=33)
     assert torch.equal(generate(model, idx, 30, temperature=0, decoder=decoder), expected)
