@@ -10,8 +10,9 @@ speed of reading the weights from memory, and that depends on the layout each ke
 * ``rowsum``: for a compiled decode step: the (out, in) weight, float32 or bfloat16, and a
   one-row product written as a multiply and a sum over each weight row, which inductor compiles
   into one streaming pass over the weight inside the step's own program (bfloat16 widened to
-  float32 in registers); other calls (the prompt, eager steps) run ``F.linear`` on a widened
-  copy. Activations and sums stay float32 throughout: the float32 model on rounded weights.
+  float32 in registers); other calls (the prompt, eager steps) run ``F.linear`` on widened
+  blocks of the weight. Activations and sums stay float32 throughout: the float32 model on
+  rounded weights.
 
 Which eager float32 layout reads fastest differs by CPU and shape (``bench/generate.py``), so
 ``measure_decoding`` times the first three on the model's own layers, in the model's order, so
@@ -35,6 +36,7 @@ from minigpt.cpu.tuning import Timings, clock
 
 DECODE_KERNELS = ("plain", "mkl", "onednn")  # the eager layouts ``measure_decoding`` times
 ROWSUM = "rowsum"  # the compiled step's layout
+WIDEN_BYTES = 1 << 20  # rowsum outside the compiled step widens weights in blocks of this size
 
 
 def decode_key(layer: nn.Linear) -> str:
@@ -65,7 +67,13 @@ def matmul_packed(x: Tensor, packed: Tensor, bias: Tensor | None, kernel: str) -
             # loop over the weight's rows: no widened copy of the weight, no GEMM call.
             y = (packed.to(x.dtype) * x).sum(dim=-1).unsqueeze(0)  # (1, out)
             return y if bias is None else y + bias
-        return F.linear(x, packed.to(x.dtype), bias)  # the prompt: a widened copy, once
+        if packed.dtype == x.dtype:
+            return F.linear(x, packed, bias)
+        # Widened a block of rows at a time, so the widened copy stays in cache instead of
+        # going to memory and back: the prompt costs a read of the narrow weight only.
+        rows = max(1, WIDEN_BYTES // (packed.shape[1] * x.element_size()))
+        y = torch.cat([F.linear(x, block.to(x.dtype)) for block in packed.split(rows)], dim=-1)
+        return y if bias is None else y + bias
     x = x.to(packed.dtype)
     if kernel == "plain":
         return F.linear(x, packed, bias)
