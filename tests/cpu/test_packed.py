@@ -40,6 +40,22 @@ def test_packed_linear_matches_linear(shape, kernel):
         torch.testing.assert_close(bf16, linear(x), rtol=2e-2, atol=2e-2)
 
 
+def test_rowsum_prompt_widens_bfloat16_weights_block_by_block(monkeypatch):
+    """Outside the compiled step (the prompt), row-sum bfloat16 weights are widened a few rows at
+    a time: the same product as the float32 layer on the rounded weights, block edges and all."""
+    import minigpt.cpu.packed as packed
+
+    monkeypatch.setattr(packed, "WIDEN_BYTES", 7 * 48 * 4)  # blocks of 7 rows of 80: uneven
+    linear = nn.Linear(48, 80)
+    x = torch.randn(2, 5, 48)
+    rounded = nn.Linear(48, 80)
+    with torch.no_grad():
+        rounded.weight.copy_(linear.weight.to(torch.bfloat16).float())
+        rounded.bias.copy_(linear.bias)
+        torch.testing.assert_close(PackedLinear.like(linear, torch.bfloat16, ROWSUM)(x),
+                                   rounded(x), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_rowsum_streams_the_weight_in_float32(dtype):
     """Compiled, a one-row product of the row-sum layout is one fused loop (no GEMM call) that
