@@ -51,9 +51,9 @@ def run(cfg: GenerateSchema | DictConfig, out=sys.stdout) -> list[str]:
             raise ValueError("attention_map needs a prompt: give prompt=... or prompt_file=...")
         _info(write_attention_map(model, tokenizer, ids[0][-ctx:], cfg.attention_map,
                                   cfg.attention_layer, source))
-    # auto: compiled on a GPU; eager on the CPU, where dtype=auto's bf16 weights decode fastest
-    # as oneDNN-packed layers (not traceable) and a float32 compiled step repays its compile
-    # time only after thousands of tokens (bench/README.md)
+    # auto: compiled on a GPU; eager on the CPU, where the compiled step decodes fastest per
+    # token but repays its compile time only after hundreds to thousands of tokens
+    # (bench/README.md)
     compiled = cfg.decoder == "compiled" or (cfg.decoder == "auto" and device.startswith("cuda"))
     applied = loaded.place(cpu_speedups=cfg.cpu_speedups is not False, traceable=compiled)
     rows = [_prompt_window(row, tokenizer.eot_id, ctx, model.unbounded)

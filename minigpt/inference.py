@@ -98,8 +98,8 @@ def load_for_scoring(ckpt_path=None, pretrained=None, checkpoints_root="outputs"
 def place_model(model: GPT, device: str, dtype: torch.dtype, cpu_speedups: bool = True, *,
                 cast_weights: bool = True, traceable: bool = False) -> list[str]:
     """Move ``model`` to ``device``. ``cast_weights``: in ``dtype``; on the CPU with
-    ``cpu_speedups`` as oneDNN-packed linear weights instead (float32 activations;
-    ``minigpt.cpu``; ``traceable``: only layouts a compiled decode step can trace). Else the
+    ``cpu_speedups`` as linear weights laid out for decoding instead (float32 activations;
+    ``minigpt.cpu``; ``traceable``: the row-sum layout a compiled decode step streams). Else the
     weights stay float32 (forward passes run under ``LoadedModel.autocast()``). On a GPU,
     float32 matmuls that remain use TF32 (this process). Returns the speedups applied."""
     model.to(device)
