@@ -10,13 +10,13 @@ GPT-2-small-sized weights (vocab 50257). Both models hold the same weights (ours
 
 **The bound**: decoding a token multiplies one vector by every weight matrix (the blocks' linear
 layers and the LM head), so no decoder can be faster than one pass over those weights. It is
-timed here as that pass, two ways, each timed like the decoders (its rows: "bound ... pass"),
-and the bound is the faster: each matrix, contiguous, multiplied by one vector with the fastest
-of the eager kernels ``minigpt.cpu.packed`` can use for it (``F.linear``, an (in, out) copy on
-MKL, oneDNN's packed layout), in the model's order so every weight comes from memory as it does
-when decoding; and with ``--compiled`` the row-sum layout compiled by inductor into one call.
-The bfloat16 rows are held against the same passes over bfloat16 weights (oneDNN-packed
-eagerly, row-sum compiled).
+timed as that pass, two ways, each timed like the decoders (the rows "bound ... pass"), and the
+bound is the faster: each matrix, contiguous, multiplied by one vector with the fastest of the
+eager kernels ``minigpt.cpu.packed`` can use for it (``F.linear``, an (in, out) copy on MKL,
+oneDNN's packed layout), in the model's order so every weight comes from memory as it does when
+decoding; and with ``--compiled`` the compiled decoders' own row-sum weights in one compiled
+call (how fast a pass reads depends on where its weights lie in memory). The bfloat16 rows are
+held against the same passes over bfloat16 weights.
 
 Rows: "tuned" is what generate.py runs on the CPU (``minigpt.cpu.speed_up_decoding``: per
 shape the layout this machine reads fastest, from ``minigpt.cpu.tuning``'s timings file);
@@ -25,9 +25,10 @@ shape the layout this machine reads fastest, from ``minigpt.cpu.tuning``'s timin
 cache, sized to prompt + new tokens), "compiled" what ``generate.py decoder=compiled`` runs on
 the CPU (``--compiled``: that step compiled by inductor over row-sum weights, float32 and, with
 bfloat16, bfloat16 ones; compile times printed apart); "no cache" reruns the window every token
-(fewer repeats); "bf16 weights" keep float32 activations in every row. All variants live in this process and are timed
-round-robin after a warm-up; medians over ``--repeats``. Wall rates are what a user sees; with
-``--threads 1`` the CPU-time rates are not inflated by other processes on a shared machine.
+(fewer repeats); "bf16 weights" keep float32 activations in every row. All variants live in
+this process and are timed round-robin after a warm-up; medians over ``--repeats``. Wall rates
+are what a user sees; with ``--threads 1`` the CPU-time rates are not inflated by other
+processes on a shared machine.
 """
 
 from __future__ import annotations
@@ -185,8 +186,8 @@ def weight_pass(model: GPT, dtype: torch.dtype, tokens: int, rowsum_model: GPT |
     fastest in three trial passes (bfloat16: oneDNN's packed layout, the one eager kernel for
     it); and given ``rowsum_model`` (``speed_up_decoding(traceable=True)`` in ``dtype``) also a
     pass over its row-sum weights compiled by inductor into one call (what ``decoder=compiled``
-    reads). Also the seconds per product of each layout per (in, out)
-    shape (eager: the mean over the shape's matrices of each one's fastest trial pass)."""
+    reads). Also the seconds per product of each layout per (in, out) shape (eager: the mean
+    over the shape's matrices of each one's fastest trial pass)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     kernels = DECODE_KERNELS if dtype == torch.float32 else ("onednn",)
     layouts = {k: [pack_weight(m.weight, k, dtype) for m in linears] for k in kernels}
@@ -227,9 +228,8 @@ def weight_pass(model: GPT, dtype: torch.dtype, tokens: int, rowsum_model: GPT |
 def _rowsum_pass(linears: list, weights: list[torch.Tensor], tokens: int):
     """``run(passes=tokens)`` over ``weights`` (``linears``' weights in the row-sum layout, in
     the model's order) as one compiled call (as the decode step reads them: no Python between
-    the products); and per
-    (in, out) shape the fastest of three trial calls' seconds of a compiled call over all that
-    shape's matrices (for the per-shape table)."""
+    the products); and per (in, out) shape the fastest of three trial calls' seconds of a
+    compiled call over all that shape's matrices (for the per-shape table)."""
     vectors = [torch.ones(1, m.in_features) for m in linears]
     groups: dict[tuple[int, int], list[int]] = {}
     for i, m in enumerate(linears):
