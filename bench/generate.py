@@ -46,7 +46,7 @@ from minigpt.cpu.packed import DECODE_KERNELS, ROWSUM, PackedLinear, matmul_pack
 from minigpt.cpu.tuning import clock
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate
-from minigpt.static_decoding import CPU_STEP_OPTIONS, StaticDecoder
+from minigpt.static_decoding import StaticDecoder, cpu_step_options
 
 REF = "ours fp32, KV cache, tuned"
 PLAIN = "ours fp32, KV cache, nn.Linear"
@@ -240,7 +240,7 @@ def _rowsum_pass(linears: list, weights: list[torch.Tensor], tokens: int):
 
     def compiled():
         return torch.compile(products, dynamic=False, fullgraph=True,
-                             options=CPU_STEP_OPTIONS)
+                             options=cpu_step_options())
 
     with torch._dynamo.config.patch(recompile_limit=64):  # one graph per shape and dtype
         calls = [(compiled(), [vectors[i] for i in idx], [weights[i] for i in idx])

@@ -26,20 +26,27 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["CPU_STEP_OPTIONS", "StaticDecoder"]
+__all__ = ["StaticDecoder", "cpu_step_options"]
 
 # Capacities are rounded up to a multiple of this: nearby lengths share one compiled step.
 CAPACITY_MULTIPLE = 64
 
-# Inductor's options for the CPU step. "deterministic" keeps a broadcast input a stored buffer:
-# without it inductor recomputes the row a linear layer reads (a LayerNorm of the residual
-# stream) inside the loop over every weight row, which makes a one-row product of
-# minigpt.cpu's row-sum layout compute-bound. The step's modules do not change between
-# tokens, so their guards are not checked at every step (torch >= 2.8). bench/README.md has
-# both effects.
-CPU_STEP_OPTIONS = {"deterministic": True}
-if hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe"):
-    CPU_STEP_OPTIONS["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+
+def cpu_step_options() -> dict:
+    """Inductor's options for the compiled CPU step. ``deterministic`` keeps a broadcast input a
+    stored buffer: without it inductor recomputes the row a linear layer reads (a LayerNorm of
+    the residual stream) inside the loop over every weight row, which makes a one-row product of
+    ``minigpt.cpu``'s row-sum layout compute-bound. The step's modules do not change between
+    tokens, so their guards are not checked at every step. bench/README.md has both effects.
+    Each option only where this torch has it."""
+    import torch._inductor.config as inductor_config
+
+    options = {}
+    if hasattr(inductor_config, "deterministic"):
+        options["deterministic"] = True
+    if hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe"):
+        options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+    return options
 
 
 class StaticDecoder:
@@ -73,7 +80,7 @@ class StaticDecoder:
         self._cuda = self.cache.seen.device.type == "cuda"
         self._forward = model if not compile else \
             torch.compile(model, mode="reduce-overhead", fullgraph=True) if self._cuda else \
-            torch.compile(model, fullgraph=True, options=CPU_STEP_OPTIONS)
+            torch.compile(model, fullgraph=True, options=cpu_step_options())
 
     @property
     def capacity(self) -> int:
