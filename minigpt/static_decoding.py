@@ -33,20 +33,14 @@ CAPACITY_MULTIPLE = 64
 
 
 def cpu_step_options() -> dict:
-    """Inductor's options for the compiled CPU step. ``deterministic`` keeps a broadcast input a
-    stored buffer: without it inductor recomputes the row a linear layer reads (a LayerNorm of
-    the residual stream) inside the loop over every weight row, which makes a one-row product of
-    ``minigpt.cpu``'s row-sum layout compute-bound. The step's modules do not change between
-    tokens, so their guards are not checked at every step. bench/README.md has both effects.
-    Each option only where this torch has it."""
+    """Inductor's options for the compiled CPU step: ``deterministic``, where this torch has it,
+    which keeps a broadcast input a stored buffer. Without it inductor recomputes the row a
+    linear layer reads (a LayerNorm of the residual stream) inside the loop over every weight
+    row, which makes a one-row product of ``minigpt.cpu``'s row-sum layout compute-bound
+    (bench/README.md)."""
     import torch._inductor.config as inductor_config
 
-    options = {}
-    if hasattr(inductor_config, "deterministic"):
-        options["deterministic"] = True
-    if hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe"):
-        options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
-    return options
+    return {"deterministic": True} if hasattr(inductor_config, "deterministic") else {}
 
 
 class StaticDecoder:
@@ -58,8 +52,7 @@ class StaticDecoder:
     ``compile`` the step (``model`` itself) is compiled: with ``mode="reduce-overhead"`` (CUDA
     graphs) on a GPU, by inductor on the CPU; without it, it runs eagerly, as the reference the
     tests compare both with. Build one per batch size and reuse it: each new decoder compiles
-    its step again. The compiled CPU step does not check the model's modules again: decode with
-    the model as it was built (``generate`` puts it in eval mode), or build a new decoder.
+    its step again.
     """
 
     def __init__(self, model, batch_size: int, *, compile: bool = False,

@@ -198,3 +198,23 @@ def test_traceable_takes_rowsum_and_the_compiled_step_decodes_the_uncached_token
     torch._dynamo.reset()
     decoder = StaticDecoder(model, 1, compile=True, capacity=33)
     assert torch.equal(generate(model, idx, 30, temperature=0, decoder=decoder), expected)
+
+
+def test_compiled_decoders_of_two_models_in_one_process_each_decode_their_own():
+    """Compiled CPU steps of several models in one process (the bench, a test run): each model
+    decodes its own tokens; none runs a step compiled for another model's weights."""
+    from minigpt.static_decoding import StaticDecoder
+
+    torch._dynamo.reset()
+    for dtype, batch, seed in ((torch.float32, 1, 0), (torch.bfloat16, 1, 1),
+                               (torch.float32, 3, 2), (torch.bfloat16, 3, 3)):
+        model, oracle = tiny_model(seed), tiny_model(seed)
+        with torch.no_grad():
+            for layer in oracle.modules():
+                if isinstance(layer, nn.Linear):
+                    layer.weight.copy_(layer.weight.to(dtype).float())
+        idx = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])[:batch]
+        expected = generate(oracle, idx, 12, temperature=0, use_cache=False)
+        speed_up_decoding(model, dtype, traceable=True)
+        decoder = StaticDecoder(model, batch, compile=True, capacity=15)
+        assert torch.equal(generate(model, idx, 12, temperature=0, decoder=decoder), expected)
