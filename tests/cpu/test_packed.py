@@ -25,6 +25,17 @@ def tiny_model(seed=0):
                          init_std=1.0)).eval()
 
 
+def rounded_model(seed: int, dtype: torch.dtype) -> GPT:
+    """``tiny_model(seed)`` in float32 with its linear weights rounded to ``dtype``: the oracle
+    of a decoder on ``dtype`` weights and float32 activations."""
+    model = tiny_model(seed)
+    with torch.no_grad():
+        for layer in model.modules():
+            if isinstance(layer, nn.Linear):
+                layer.weight.copy_(layer.weight.to(dtype).float())
+    return model
+
+
 @pytest.mark.parametrize("kernel", [*DECODE_KERNELS, ROWSUM])
 @pytest.mark.parametrize("shape", [(5, 48), (1, 1, 48), (2, 7, 48)])
 def test_packed_linear_matches_linear(shape, kernel):
@@ -180,13 +191,9 @@ def test_traceable_takes_rowsum_and_the_compiled_step_decodes_the_uncached_token
     from minigpt.static_decoding import StaticDecoder
 
     calls = fake_timings(decode={"plain": 1.0, "mkl": 0.8, "onednn": 0.5})
-    model, oracle = tiny_model(), tiny_model()
-    with torch.no_grad():
-        for layer in oracle.modules():
-            if isinstance(layer, nn.Linear):
-                layer.weight.copy_(layer.weight.to(dtype).float())
+    model = tiny_model()
     idx = torch.tensor([[1, 2, 3]])
-    expected = generate(oracle, idx, 30, temperature=0, use_cache=False)
+    expected = generate(rounded_model(0, dtype), idx, 30, temperature=0, use_cache=False)
     applied = speed_up_decoding(model, dtype, traceable=True)
     name = str(dtype).removeprefix("torch.")
     assert applied == [f"row-sum {name} weights (9: the compiled step streams each one-row "
@@ -200,7 +207,7 @@ def test_traceable_takes_rowsum_and_the_compiled_step_decodes_the_uncached_token
     assert torch.equal(generate(model, idx, 30, temperature=0, decoder=decoder), expected)
 
 
-def test_compiled_decoders_of_two_models_in_one_process_each_decode_their_own():
+def test_compiled_decoders_of_several_models_in_one_process_each_decode_their_own():
     """Compiled CPU steps of several models in one process (the bench, a test run): each model
     decodes its own tokens; none runs a step compiled for another model's weights."""
     from minigpt.static_decoding import StaticDecoder
@@ -208,13 +215,9 @@ def test_compiled_decoders_of_two_models_in_one_process_each_decode_their_own():
     torch._dynamo.reset()
     for dtype, batch, seed in ((torch.float32, 1, 0), (torch.bfloat16, 1, 1),
                                (torch.float32, 3, 2), (torch.bfloat16, 3, 3)):
-        model, oracle = tiny_model(seed), tiny_model(seed)
-        with torch.no_grad():
-            for layer in oracle.modules():
-                if isinstance(layer, nn.Linear):
-                    layer.weight.copy_(layer.weight.to(dtype).float())
+        model = tiny_model(seed)
         idx = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])[:batch]
-        expected = generate(oracle, idx, 12, temperature=0, use_cache=False)
+        expected = generate(rounded_model(seed, dtype), idx, 12, temperature=0, use_cache=False)
         speed_up_decoding(model, dtype, traceable=True)
         decoder = StaticDecoder(model, batch, compile=True, capacity=15)
         assert torch.equal(generate(model, idx, 12, temperature=0, decoder=decoder), expected)
