@@ -17,11 +17,12 @@ speed of reading the weights from memory, and that depends on the layout each ke
 Which eager float32 layout reads fastest differs by CPU and shape (``bench/generate.py``), so
 ``measure_decoding`` times the first three on the model's own layers, in the model's order, so
 that each weight comes from memory as it does while decoding (``minigpt.cpu.tuning`` keeps the
-result). A compiled step takes ``rowsum`` on every layer: oneDNN's packed layouts cannot be
-traced, and in ``bench/generate.py``'s per-shape table the streaming pass read every shape
-faster than the traceable layouts (at one thread: as fast, within the timings' noise). ``PackedLinear.like(layer, kernel)`` keeps ``layer``'s
-``Parameter`` objects (the state dict and tied weights are unchanged) and multiplies with a copy
-made once: for inference only, since the copy does not follow later weight updates.
+result). A compiled step takes ``rowsum`` on every layer, by rule: oneDNN's packed layouts
+cannot be traced, and the compiled step over row-sum weights was the fastest decoder measured
+(``bench/README.md``; per shape, faster than the traceable layouts at two threads, not on every
+shape at one). ``PackedLinear.like(layer, kernel)`` keeps ``layer``'s ``Parameter`` objects (the
+state dict and tied weights are unchanged) and multiplies with a copy made once: for inference
+only, since the copy does not follow later weight updates.
 """
 
 from __future__ import annotations
