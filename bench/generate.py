@@ -115,7 +115,9 @@ def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict]:
 
     # The compiled decoders' models, built first: their bound pass reads their own weights (how
     # fast a pass reads depends on where the weights lie in memory, by up to ~1.4x here).
-    rowsum = {dtype: copy(dtype, traceable=True) if args.compiled else None
+    wanted = {"float32": (torch.float32,), "bfloat16": (torch.bfloat16,),
+              "both": (torch.float32, torch.bfloat16)}[args.dtype]
+    rowsum = {dtype: copy(dtype, traceable=True) if args.compiled and dtype in wanted else None
               for dtype in (torch.float32, torch.bfloat16)}
     passes, shape_seconds = weight_pass(model, torch.float32, n, rowsum[torch.float32])
     variants = {name: (run, args.repeats) for name, run in zip(PASSES[BOUND], passes, strict=False)}
@@ -187,7 +189,8 @@ def weight_pass(model: GPT, dtype: torch.dtype, tokens: int, rowsum_model: GPT |
     it); and given ``rowsum_model`` (``speed_up_decoding(traceable=True)`` in ``dtype``) also a
     pass over its row-sum weights compiled by inductor into one call (what ``decoder=compiled``
     reads). Also the seconds per product of each layout per (in, out) shape (eager: the mean
-    over the shape's matrices of each one's fastest trial pass)."""
+    over the shape's matrices of each one's fastest trial pass; row-sum: float32 only, the
+    per-shape table's)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     kernels = DECODE_KERNELS if dtype == torch.float32 else ("onednn",)
     layouts = {k: [pack_weight(m.weight, k, dtype) for m in linears] for k in kernels}
@@ -219,48 +222,50 @@ def weight_pass(model: GPT, dtype: torch.dtype, tokens: int, rowsum_model: GPT |
     if rowsum_model is None:
         return [eager], shape_seconds
     weights = [m._packed for m in rowsum_model.modules() if isinstance(m, PackedLinear)]
-    rowsum, rowsum_seconds = _rowsum_pass(linears, weights, tokens)
-    for shape, seconds in rowsum_seconds.items():
-        shape_seconds[shape][ROWSUM] = seconds / len(shapes[shape][kernels[0]])
-    return [eager, rowsum], shape_seconds
-
-
-def _rowsum_pass(linears: list, weights: list[torch.Tensor], tokens: int):
-    """``run(passes=tokens)`` over ``weights`` (``linears``' weights in the row-sum layout, in
-    the model's order) as one compiled call (as the decode step reads them: no Python between
-    the products); and per (in, out) shape the fastest of three trial calls' seconds of a
-    compiled call over all that shape's matrices (for the per-shape table)."""
     vectors = [torch.ones(1, m.in_features) for m in linears]
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, m in enumerate(linears):
-        groups.setdefault((m.in_features, m.out_features), []).append(i)
-
-    def products(xs, ws):
-        return [matmul_packed(x, w, None, ROWSUM) for x, w in zip(xs, ws, strict=True)]
-
-    def compiled():
-        return torch.compile(products, dynamic=False, fullgraph=True,
-                             options=cpu_step_options())
-
-    with torch._dynamo.config.patch(recompile_limit=64):  # one graph per shape and dtype
-        calls = [(compiled(), [vectors[i] for i in idx], [weights[i] for i in idx])
-                 for idx in groups.values()]
-        best = [float("inf")] * len(calls)
-        now = clock()
-        for _ in range(4):  # the first call compiles
-            for i, (call, xs, ws) in enumerate(calls):
-                start = now()
-                call(xs, ws)
-                best[i] = min(best[i], now() - start)
-        whole = compiled()
-        whole(vectors, weights)
+    if dtype == torch.float32:  # the per-shape table's column
+        calls = {shape: (_compiled_products(), [vectors[i] for i in idx],
+                         [weights[i] for i in idx]) for shape, idx in _by_shape(linears).items()}
+        best = dict.fromkeys(calls, float("inf"))
+        for _ in range(4):  # shapes in turn, so each comes from memory; the first call compiles
+            for shape, (call, xs, ws) in calls.items():
+                best[shape] = min(best[shape], _seconds(call, xs, ws))
+        for shape, (_, xs, _) in calls.items():
+            shape_seconds[shape][ROWSUM] = best[shape] / len(xs)
+    whole = _compiled_products()
+    whole(vectors, weights)  # compiles
 
     @torch.no_grad()
-    def passes(passes=tokens):  # the graph was compiled without gradients
+    def rowsum(passes=tokens):  # the graph was compiled without gradients
         for _ in range(passes):
             whole(vectors, weights)
 
-    return passes, dict(zip(groups, best, strict=True))
+    return [eager, rowsum], shape_seconds
+
+
+def _by_shape(linears: list) -> dict[tuple[int, int], list[int]]:
+    """The indices of ``linears`` per (in, out) shape."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, m in enumerate(linears):
+        groups.setdefault((m.in_features, m.out_features), []).append(i)
+    return groups
+
+
+def _compiled_products():
+    """A fresh compiled call ``(vectors, row-sum weights) -> products``, with the decode step's
+    options: one graph per list of shapes it is given."""
+    def products(xs, ws):
+        return [matmul_packed(x, w, None, ROWSUM) for x, w in zip(xs, ws, strict=True)]
+
+    call = torch.compile(products, dynamic=False, fullgraph=True, options=cpu_step_options())
+    return torch._dynamo.config.patch(recompile_limit=64)(call)  # a graph per shape list
+
+
+def _seconds(call, *args) -> float:
+    now = clock()
+    start = now()
+    call(*args)
+    return now() - start
 
 
 def run_interleaved(variants: dict):

@@ -186,16 +186,14 @@ def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float3
     layers = _linears(model)
     if not layers:
         return []
-    if traceable:
+    if traceable or weight_dtype == torch.bfloat16:  # one layout for every layer, untimed
+        kernel = ROWSUM if traceable else "onednn"
         for parent, name, layer in _linear_slots(model, layers):
-            setattr(parent, name, PackedLinear.like(layer, weight_dtype, ROWSUM))
-        dtype = str(weight_dtype).removeprefix("torch.")
-        return [f"row-sum {dtype} weights ({len(layers)}: the compiled step streams each "
-                "one-row product over the weight in its own loop)"]
-    if weight_dtype == torch.bfloat16:
-        for parent, name, layer in _linear_slots(model, layers):
-            setattr(parent, name, PackedLinear.like(layer, weight_dtype))
-        return [f"oneDNN-packed bfloat16 linear weights ({len(layers)})"]
+            setattr(parent, name, PackedLinear.like(layer, weight_dtype, kernel))
+        if not traceable:
+            return [f"oneDNN-packed bfloat16 linear weights ({len(layers)})"]
+        return [f"row-sum {str(weight_dtype).removeprefix('torch.')} weights ({len(layers)}: "
+                "the compiled step streams each one-row product over the weight in its own loop)"]
     keys = [decode_key(layer) for layer in layers]
     timings, cached = (kernels or KernelChoices()).timings(
         keys, lambda missing: measure_decoding(layers, missing), "plain")
