@@ -297,15 +297,17 @@ def _flops_per_token(config: GPTConfig) -> float:
 
 # ---- 2. train.py itself ---------------------------------------------------------------------
 
-def train_py_run(plan: Plan, work: Path, processes: int = 1, auto_batch: bool = False) -> dict:
+def train_py_run(plan: Plan, work: Path, processes: int = 1, auto_batch: bool = False,
+                 data_root: Path | None = None) -> dict:
     """``train.py`` for ``plan.run_steps`` steps with precision and compile left on auto, one
     validation and sample at the end; what it logged last (tokens/s is its moving average, so
     the last logging interval's, so it must follow the compilation), the micro-batch it trained
-    with (``auto_batch``: ``data.batch_size=auto`` chose it) and whether sampling failed."""
+    with (``auto_batch``: ``data.batch_size=auto`` chose it) and whether sampling failed.
+    ``data_root`` (default ``work/data``) is where the token files are prepared or reused."""
     name = f"run{processes}" + ("auto" if auto_batch else "")
     overrides = [o for o in plan.run_overrides if not o.startswith("data.batch_size=")] + \
         ["data.batch_size=auto"] if auto_batch else plan.run_overrides
-    args = [*overrides, "data=shakespeare_char", f"data_root={work / 'data'}",
+    args = [*overrides, "data=shakespeare_char", f"data_root={(data_root or work / 'data').resolve()}",
             f"hydra.run.dir={work / name}", "logger=csv", "sample.max_new_tokens=8",
             "trainer.enable_progress_bar=false", f"trainer.max_steps={plan.run_steps}",
             f"trainer.val_check_interval={plan.run_steps}", "trainer.limit_val_batches=1",
@@ -495,6 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--compile-only", action="store_true",
                         help="only compile=blocks against the whole graph (CPU: model=toy)")
+    parser.add_argument("--data-root", type=Path,
+                        help="train.py's data_root: prepared token files to reuse (default: a "
+                             "temporary folder, prepared there; preparing needs `datasets`)")
     parser.add_argument("--compile-probe", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -517,15 +522,17 @@ def main(argv: list[str] | None = None) -> int:
                   f"T={plan.config.context_length}, batch {plan.batch}, bf16 autocast")
             print("\n".join(compiles))
             return 0
+        print("\n".join(compiles), flush=True)  # the slow rows: keep them if a later one fails
     else:
         compiles = ["compile=blocks against the whole graph: n/a (python -m bench.gpu "
                     "--compile-only)"]
     attention = attention_calls(plan)
     train = training_table(plan, attention)
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [train_py_run(plan, Path(tmp)), train_py_run(plan, Path(tmp), auto_batch=True)]
+        run = partial(train_py_run, plan, Path(tmp), data_root=args.data_root)
+        runs = [run(), run(auto_batch=True)]
         if cuda and torch.cuda.device_count() >= 2:
-            runs.append(train_py_run(plan, Path(tmp), processes=2))
+            runs.append(run(processes=2))
     decode = decoding_table(plan)
     print("\n".join([*report(plan, train, runs, decode, attention), "", *compiles]))
     if cuda:  # its own self-test: python -m bench.gpu_documents --self-test
