@@ -1,8 +1,9 @@
 """``data.batch_size=auto``: the largest micro-batch that fits, chosen once when a run starts.
 
-On CUDA it is measured: a few forward + backward + optimizer steps of the run's own model,
-strategy and optimizers at candidate sizes (``minigpt.train.batch_size.largest_that_fits``), an
-out-of-memory error caught and the memory released after each. Elsewhere it comes from the
+On CUDA it is measured: two forward + backward + optimizer steps of the run's own model,
+strategy and optimizers at each candidate size (``minigpt.train.batch_size.largest_that_fits``),
+an out-of-memory error caught and the memory released after each, keeping a share of the memory
+free. Elsewhere it comes from the
 preflight's estimate against the memory the process may use. ``trainer.memory_budget`` caps
 both. With ``data.tokens_per_step`` the micro-batch is rounded down to divide the rows each
 process sees per step, and the accumulation is derived from it: one command line is the same
@@ -65,21 +66,25 @@ def choose_from_estimate(plan: RunPlan, model: dict) -> BatchChoice:
 
 def choose_by_measuring(fabric, plan: RunPlan, module, optimizers: dict,
                         vocab_size: int) -> BatchChoice:
-    """The largest micro-batch whose training step runs on the device: forward, backward and
-    a step of each optimizer of ``module`` (set up by ``fabric``) on random tokens, within
-    ``trainer.memory_budget`` (the allocator's peak). The parameters come back as they were,
-    the optimizer state is dropped, and the random streams are untouched."""
+    """The largest micro-batch whose training step runs on the device with room to spare: two
+    steps (forward, backward, a step of each optimizer of ``module``, set up by ``fabric``) on
+    random tokens, the second carrying the optimizer state the first made, as every step of a
+    run after its first does, whose allocator peak stays within ``measured_limit``. The
+    parameters come back as they were, the optimizer state is dropped, and the random streams
+    are untouched."""
     device, T = fabric.device, plan.context_length
     saved = [p.detach().to("cpu", copy=True) for p in module.parameters()]
+    limit, limit_words = measured_limit(*_cuda_memory(device), plan.memory_budget)
 
     def try_step(n: int) -> bool:
         x = torch.randint(0, vocab_size, (n, T), device=device)  # (B, T)
-        fabric.backward(module(x, x))  # the targets' values do not change the memory
-        for optimizer in optimizers.values():
-            optimizer.step()
+        for _ in range(2):
+            fabric.backward(module(x, x))  # the targets' values do not change the memory
+            for optimizer in optimizers.values():
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)  # as the loop does after its step
         torch.cuda.synchronize(device)
-        return plan.memory_budget is None or \
-            torch.cuda.max_memory_allocated(device) <= plan.memory_budget
+        return torch.cuda.max_memory_allocated(device) <= limit
 
     def release() -> None:
         for optimizer in optimizers.values():
@@ -89,6 +94,7 @@ def choose_by_measuring(fabric, plan: RunPlan, module, optimizers: dict,
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
+    release()  # the peak so far (model set-up) is not the step's
     fits = fits_when_tried(try_step, release, lambda fit: _all_agree(fabric, fit))
     with torch.random.fork_rng(devices=[device]):
         found = largest_that_fits(fits, plan.rows_per_process or MAX_MICRO_BATCH)
@@ -98,13 +104,34 @@ def choose_by_measuring(fabric, plan: RunPlan, module, optimizers: dict,
     if not found:
         raise ResourceError(
             f"data.batch_size=auto: not even one row of {T} tokens fits a training step on "
-            f"{device}; recompute activations, shard with trainer=fsdp, or lower "
-            "model.context_length")
+            f"{device} within {limit_words}; recompute activations, shard with trainer=fsdp, "
+            "or lower model.context_length")
     size = _rounded(plan, found)
-    budget = "" if plan.memory_budget is None else \
-        f" within trainer.memory_budget ({plan.memory_budget / GiB:.2f} GiB)"
-    return BatchChoice(size, f"the largest that ran a training step on {device}{budget}, "
-                             f"measured{_rounding(plan, found, size)}")
+    return BatchChoice(size, f"the largest whose training step, measured on {device}, peaked "
+                             f"within {limit_words}{_rounding(plan, found, size)}")
+
+
+# A measured step's peak may use this fraction of the device's memory: the rest is for what a
+# few trial steps do not show (the allocator's fragmentation over a long run, other processes).
+MEASURED_SHARE = 0.9
+
+
+def measured_limit(usable: int, where: str, budget: int | None) -> tuple[int, str]:
+    """The allocator peak a measured step may reach, in bytes, and the words that say so:
+    ``MEASURED_SHARE`` of ``usable`` (the bytes this process may use on ``where``), or
+    ``trainer.memory_budget`` when that is smaller."""
+    share = int(usable * MEASURED_SHARE)
+    if budget is not None and budget <= share:
+        return budget, f"trainer.memory_budget ({budget / GiB:.2f} GiB)"
+    return share, (f"{MEASURED_SHARE:.0%} of the {usable / GiB:.2f} GiB free on {where} "
+                   "(trainer.memory_budget sets another limit)")
+
+
+def _cuda_memory(device: torch.device) -> tuple[int, str]:
+    """The bytes this process may use on ``device`` (free now, plus what its allocator holds)
+    and the device's name."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device), f"{device} ({torch.cuda.get_device_name(device)})"
 
 
 def _all_agree(fabric, fit: bool) -> bool:

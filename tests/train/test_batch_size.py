@@ -117,3 +117,14 @@ def test_other_errors_are_not_out_of_memory():
     (8, 3, 2), (8, 8, 8), (8, 100, 8), (12, 5, 4), (7, 6, 1), (36, 10, 9), (1, 1, 1), (6, 0, 1)])
 def test_largest_divisor_at_most(rows, limit, divisor):
     assert largest_divisor_at_most(rows, limit) == divisor
+
+
+def test_measured_limit_keeps_a_share_free_unless_the_budget_is_smaller():
+    from minigpt.train.auto_batch import MEASURED_SHARE, measured_limit
+
+    usable = 80 * 2**30
+    limit, words = measured_limit(usable, "cuda:0 (H100)", None)
+    assert limit == int(usable * MEASURED_SHARE) < usable
+    assert "cuda:0 (H100)" in words and "80.00 GiB" in words
+    assert measured_limit(usable, "cuda:0", 20 * 2**30) == (20 * 2**30, "trainer.memory_budget (20.00 GiB)")
+    assert measured_limit(usable, "cuda:0", usable)[0] == limit  # a budget above the share
