@@ -11,7 +11,7 @@
    ``GPT`` the way a run trains it (forward and loss compiled together when ``compile: auto``
    says so) and ``transformers.GPT2LMHeadModel`` (SDPA attention, forward + cross-entropy
    compiled alike), same shapes and batch: tokens/s, MFU against the GPU's peak
-   (Lightning's ``get_available_flops``), the step's peak memory above what stays resident.
+   (``minigpt.train.device.peak_flops``: dense figures), the step's peak memory above what stays resident.
    Beside them: our GPT-2 stepped by Muon (``optim=muon``: Muon for the blocks' matrices, AdamW
    for the rest) and ``recipe=modern``'s model and optimizers (read from ``configs/recipe``).
 2. ``train.py`` itself for a few dozen steps (defaults: precision and compile auto, GPT-2 small
@@ -55,7 +55,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from lightning.fabric.utilities.throughput import get_available_flops
 
 from bench import gpu_documents
 from bench.loop_step import CausalLMWithLoss, loop_step
@@ -67,7 +66,7 @@ from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate
 from minigpt.static_decoding import StaticDecoder
 from minigpt.train.activation_checkpointing import apply_activation_checkpointing
-from minigpt.train.device import compile_enabled
+from minigpt.train.device import compile_enabled, peak_flops
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: configs/, train.py
 
@@ -279,7 +278,7 @@ def training_table(plan: Plan, attention: dict) -> dict:
     steps = training_steps(plan, attention)
     x, y = _batch(plan)
     seconds = median_seconds(steps, plan, x, y, forbid_syncs=("ours",))
-    peak = get_available_flops(plan.device, torch.bfloat16)
+    peak = peak_flops(plan.device, torch.bfloat16)
     flops_per_token = _flops_per_token(plan.config)  # the same architecture for both
     rows = {}
     for name, step in steps.items():

@@ -78,7 +78,7 @@ def train_steps(plan: gpu.Plan, batches, out: Path | None) -> None:
             run()
         ms = median_ms(run, repeats=plan.repeats)
         tokens_per_s = batch * T / ms * 1e3
-        peak = gpu.get_available_flops(plan.device, torch.bfloat16)
+        peak = gpu.peak_flops(plan.device, torch.bfloat16)
         mfu = f"{gpu._flops_per_token(plan.config) * tokens_per_s / peak:.1%}" if peak else "n/a"
         print(f"training step, batch {batch:>3}: {ms:.1f} ms, {tokens_per_s:,.0f} tokens/s, "
               f"MFU {mfu}", flush=True)

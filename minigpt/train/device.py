@@ -55,3 +55,26 @@ def compile_enabled(compile_option, accelerator: str | None) -> bool:
     if compile_option == "auto":
         return resolve_accelerator(accelerator) == "gpu"
     return bool(compile_option)
+
+
+# Dense (no sparsity) peak FLOP/s of GPUs that Lightning's table misses or counts with sparsity:
+# an H200 reports itself as "NVIDIA H200", which Lightning 2.6 does not match, and its H200
+# entries are the 2:4-sparse figures, twice the dense ones its H100 entries give.
+DENSE_PEAK_FLOPS = {
+    "h200 nvl": {torch.bfloat16: 835.5e12, torch.float16: 835.5e12, torch.float32: 60e12},
+    "h200": {torch.bfloat16: 989.4e12, torch.float16: 989.4e12, torch.float32: 67e12},
+}
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+    """The device's dense peak FLOP/s in ``dtype`` for MFU (``float32`` meaning TF32 matmuls
+    off): ``DENSE_PEAK_FLOPS`` for the GPUs it names, else Lightning's ``get_available_flops``;
+    None where neither knows the device (``peak_flops`` in the config gives it)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device).lower()
+        for fragment, flops in DENSE_PEAK_FLOPS.items():  # the more specific name first
+            if fragment in name and dtype in flops:
+                return flops[dtype]
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    return get_available_flops(device, dtype)

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 from lightning.fabric import Fabric
-from lightning.fabric.utilities.throughput import Throughput, get_available_flops
+from lightning.fabric.utilities.throughput import Throughput
 from torch import nn
 from tqdm import tqdm
 
@@ -32,6 +32,7 @@ from minigpt.data import TokenDataModule
 from minigpt.errors import UserError, first_line
 from minigpt.eval.training import tasks_in_training
 from minigpt.model import GPT, IGNORE_INDEX
+from minigpt.train.device import peak_flops
 from minigpt.train.interrupt import StopRequest
 from minigpt.train.plan import RunPlan
 from minigpt.train.rng import set_rng_state
@@ -369,7 +370,7 @@ class Loop:
         peak = self.settings.peak_flops
         if peak is None and fabric.device.type == "cuda":
             half = self.plan.precision.startswith(("bf16", "16"))
-            peak = get_available_flops(fabric.device, torch.bfloat16 if half else torch.float32)
+            peak = peak_flops(fabric.device, torch.bfloat16 if half else torch.float32)
         return Throughput(available_flops=peak, world_size=fabric.world_size,
                           window_size=self.plan.log_every + 1)
 

@@ -1,5 +1,6 @@
 """minigpt.train.device: precision per device (minigpt.devices' rule), compile on GPUs."""
 
+import pytest
 import torch
 
 from minigpt import devices
@@ -59,3 +60,20 @@ def test_compile_auto_is_on_for_gpus_only(monkeypatch):
     assert not compile_enabled(False, "gpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert compile_enabled("auto", "auto")
+
+
+@pytest.mark.parametrize("name, flops", [("NVIDIA H200", 989.4e12), ("NVIDIA H200 NVL", 835.5e12),
+                                         ("NVIDIA H100 80GB HBM3", 989.4e12)])
+def test_peak_flops_is_the_dense_bf16_figure(monkeypatch, name, flops):
+    """Lightning's table misses "NVIDIA H200" (and lists H200s with 2:4 sparsity, twice the
+    dense figure its H100 entry gives): MFU on an H200 was n/a."""
+    from minigpt.train.device import peak_flops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert peak_flops(torch.device("cuda", 0), torch.bfloat16) == pytest.approx(flops)
+
+
+def test_peak_flops_unknown_device_is_none():
+    from minigpt.train.device import peak_flops
+
+    assert peak_flops(torch.device("cpu"), torch.bfloat16) is None
