@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minigpt.attention import MultiHeadAttention
 from minigpt.cpu import onednn
 from minigpt.cpu.blocks import (
     compile_training_forward,
@@ -32,6 +33,7 @@ from minigpt.cpu.blocks import (
     is_compiled_for_training,
     unfused_options,
 )
+from minigpt.cpu.decode_attention import one_query_attention
 from minigpt.cpu.host_memory import keep_freed_memory as _keep_freed_memory
 from minigpt.cpu.linear import MATMULS, OneDNNLinear, measure_matmuls, timed_shape, train_key
 from minigpt.cpu.loss import ChunkedNextTokenLoss
@@ -171,7 +173,9 @@ def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float3
     it in eval mode; return what was applied, and why. Activations stay float32.
 
     * ``traceable`` (for a decode step compiled afterwards): every layer takes the ``rowsum``
-      layout in ``weight_dtype``, which the compiled step reads in one streaming pass;
+      layout in ``weight_dtype``, which the compiled step reads in one streaming pass, and
+      every attention's one-token step is written for inductor to fuse
+      (``minigpt.cpu.decode_attention``);
     * else bfloat16 ``weight_dtype``: every layer multiplies oneDNN-packed bfloat16 weights;
     * else float32: each layer's shape takes the layout ``kernels`` (this machine's timings,
       ``minigpt.cpu.tuning``; measured on first use) found fastest (``minigpt.cpu.packed``),
@@ -192,8 +196,12 @@ def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float3
             setattr(parent, name, PackedLinear.like(layer, weight_dtype, kernel))
         if not traceable:
             return [f"oneDNN-packed bfloat16 linear weights ({len(layers)})"]
+        attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+        for attention in attentions:
+            attention.decode_attention = one_query_attention
         return [f"row-sum {str(weight_dtype).removeprefix('torch.')} weights ({len(layers)}: "
-                "the compiled step streams each one-row product over the weight in its own loop)"]
+                "the compiled step streams each one-row product over the weight in its own loop)",
+                f"one-query attention fused into the compiled step ({len(attentions)})"]
     keys = [decode_key(layer) for layer in layers]
     timings, cached = (kernels or KernelChoices()).timings(
         keys, lambda missing: measure_decoding(layers, missing), "plain")

@@ -197,7 +197,8 @@ def test_traceable_takes_rowsum_and_the_compiled_step_decodes_the_uncached_token
     applied = speed_up_decoding(model, dtype, traceable=True)
     name = str(dtype).removeprefix("torch.")
     assert applied == [f"row-sum {name} weights (9: the compiled step streams each one-row "
-                       "product over the weight in its own loop)"]
+                       "product over the weight in its own loop)",
+                       "one-query attention fused into the compiled step (2)"]
     assert calls == []
     layers = [m for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear))]
     assert all(type(m) is PackedLinear and m.kernel == ROWSUM for m in layers)
