@@ -68,8 +68,8 @@ def choose_by_measuring(fabric, plan: RunPlan, module, optimizers: dict,
                         vocab_size: int) -> BatchChoice:
     """The largest micro-batch whose training step runs on the device with room to spare: two
     steps (forward, backward, a step of each optimizer of ``module``, set up by ``fabric``) on
-    random tokens, the second carrying the optimizer state the first made, as every step of a
-    run after its first does, whose allocator peak stays within ``measured_limit``. The
+    random tokens, the second carrying the gradients and optimizer state the first made, whose
+    allocator peak stays within ``measured_limit``. The
     parameters come back as they were, the optimizer state is dropped, and the random streams
     are untouched."""
     device, T = fabric.device, plan.context_length
@@ -78,11 +78,12 @@ def choose_by_measuring(fabric, plan: RunPlan, module, optimizers: dict,
 
     def try_step(n: int) -> bool:
         x = torch.randint(0, vocab_size, (n, T), device=device)  # (B, T)
-        for _ in range(2):
+        for _ in range(2):  # the second backward adds to the first's gradients (as under
+            # gradient accumulation) beside the optimizer state the first step made: the most
+            # a later step of the run holds
             fabric.backward(module(x, x))  # the targets' values do not change the memory
             for optimizer in optimizers.values():
                 optimizer.step()
-                optimizer.zero_grad(set_to_none=True)  # as the loop does after its step
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) <= limit
 
