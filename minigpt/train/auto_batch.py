@@ -3,9 +3,8 @@
 On CUDA it is measured: two forward + backward + optimizer steps of the run's own model,
 strategy and optimizers at each candidate size (``minigpt.train.batch_size.largest_that_fits``),
 an out-of-memory error caught and the memory released after each, keeping a share of the memory
-free. Elsewhere it comes from the
-preflight's estimate against the memory the process may use. ``trainer.memory_budget`` caps
-both. With ``data.tokens_per_step`` the micro-batch is rounded down to divide the rows each
+free. Elsewhere it comes from the preflight's estimate against the memory the process may use.
+``trainer.memory_budget`` caps both. With ``data.tokens_per_step`` the micro-batch is rounded down to divide the rows each
 process sees per step, and the accumulation is derived from it: one command line is the same
 recipe on a small and a large card.
 
@@ -33,6 +32,9 @@ MAX_MICRO_BATCH = 4096
 # A size chosen from the estimate keeps this much room above it: the estimate aims to be within
 # 15% of the measured peak, so a step that measures above it still fits.
 ESTIMATE_HEADROOM = 1.15
+# A measured step's peak may use this fraction of the device's memory: the rest is for what a
+# few trial steps do not show (the allocator's fragmentation over a long run, other processes).
+MEASURED_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -110,11 +112,6 @@ def choose_by_measuring(fabric, plan: RunPlan, module, optimizers: dict,
     size = _rounded(plan, found)
     return BatchChoice(size, f"the largest whose training step, measured on {device}, peaked "
                              f"within {limit_words}{_rounding(plan, found, size)}")
-
-
-# A measured step's peak may use this fraction of the device's memory: the rest is for what a
-# few trial steps do not show (the allocator's fragmentation over a long run, other processes).
-MEASURED_SHARE = 0.9
 
 
 def measured_limit(usable: int, where: str, budget: int | None) -> tuple[int, str]:

@@ -49,18 +49,13 @@ def test_one_query_attention_is_the_formula(nh, nkv, mask_rows, compiled):
                                rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("config", [
-    {},
-    {"n_kv_head": 1, "position": "rope", "window": 6},
-])
-def test_compiled_step_with_fused_attention_decodes_the_uncached_tokens(config):
+@pytest.mark.parametrize("variant", [{}, {"num_kv_heads": 1, "position": "rope", "window": 6}])
+def test_compiled_step_with_fused_attention_decodes_the_uncached_tokens(variant):
     """A compiled fixed-shape step over the fused attention (grouped heads, rope and a sliding
     window's ring cache too) decodes the greedy tokens of the same model without a cache."""
-    keys = {"n_kv_head": "num_kv_heads"}
-    settings = {keys.get(k, k): v for k, v in config.items()}
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, context_length=24, n_layer=2, n_head=4, n_embd=32,
-                          init_std=1.0, **settings)).eval()
+                          init_std=1.0, **variant)).eval()
     idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
     expected = generate(model, idx, 18, temperature=0, use_cache=False)
     applied = speed_up_decoding(model, torch.float32, traceable=True)
