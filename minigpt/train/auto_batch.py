@@ -4,9 +4,9 @@ On CUDA it is measured: two forward + backward + optimizer steps of the run's ow
 strategy and optimizers at each candidate size (``minigpt.train.batch_size.largest_that_fits``),
 an out-of-memory error caught and the memory released after each, keeping a share of the memory
 free. Elsewhere it comes from the preflight's estimate against the memory the process may use.
-``trainer.memory_budget`` caps both. With ``data.tokens_per_step`` the micro-batch is rounded down to divide the rows each
-process sees per step, and the accumulation is derived from it: one command line is the same
-recipe on a small and a large card.
+``trainer.memory_budget`` caps both. With ``data.tokens_per_step`` the micro-batch is rounded
+down to divide the rows each process sees per step, and the accumulation is derived from it: one
+command line is the same recipe on a small and a large card.
 
 Shape letters: B micro-batch, T context.
 """
