@@ -122,6 +122,7 @@ def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict]:
     passes, shape_seconds = weight_pass(model, torch.float32, n, rowsum[torch.float32])
     variants = {name: (run, args.repeats) for name, run in zip(PASSES[BOUND], passes, strict=False)}
     layouts = {}
+    capacity = args.prompt_tokens + n  # sized to the generation, as generate.py does
     if args.dtype != "bfloat16":
         tuned, plain = copy(torch.float32), copy()
         for m in tuned.modules():
@@ -130,7 +131,6 @@ def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict]:
         layouts = {shape: (shape_seconds[shape], kernel) for shape, kernel in layouts.items()}
         variants[REF] = (ours(tuned), args.repeats)
         variants[PLAIN] = (ours(plain), args.repeats)
-        capacity = args.prompt_tokens + n  # sized to the generation, as generate.py does
         variants["ours fp32, fixed-shape cache, eager"] = (
             ours(tuned, decoder=StaticDecoder(tuned, 1, capacity=capacity)), args.repeats)
         if args.compiled:
@@ -143,8 +143,8 @@ def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict]:
                                                                          passes, strict=False)})
         variants[BF16] = (ours(copy(torch.bfloat16)), args.repeats)
         if args.compiled:  # decoder=compiled dtype=bfloat16: row-sum bf16 weights
-            variants[COMPILED_BF16] = (compiled_decoding(rowsum[torch.bfloat16], ours,
-                                                         args.prompt_tokens + n), args.repeats)
+            variants[COMPILED_BF16] = (compiled_decoding(rowsum[torch.bfloat16], ours, capacity),
+                                       args.repeats)
     if not args.no_transformers:
         hf = _transformers_model(model)
 

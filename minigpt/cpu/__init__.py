@@ -190,18 +190,19 @@ def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float3
     layers = _linears(model)
     if not layers:
         return []
-    if traceable or weight_dtype == torch.bfloat16:  # one layout for every layer, untimed
-        kernel = ROWSUM if traceable else "onednn"
+    if traceable:  # one layout for every layer, untimed
         for parent, name, layer in _linear_slots(model, layers):
-            setattr(parent, name, PackedLinear.like(layer, weight_dtype, kernel))
-        if not traceable:
-            return [f"oneDNN-packed bfloat16 linear weights ({len(layers)})"]
+            setattr(parent, name, PackedLinear.like(layer, weight_dtype, ROWSUM))
         attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
         for attention in attentions:
             attention.decode_attention = one_query_attention
         return [f"row-sum {str(weight_dtype).removeprefix('torch.')} weights ({len(layers)}: "
                 "the compiled step streams each one-row product over the weight in its own loop)",
                 f"one-query attention fused into the compiled step ({len(attentions)})"]
+    if weight_dtype == torch.bfloat16:  # the one eager bfloat16 layout, untimed
+        for parent, name, layer in _linear_slots(model, layers):
+            setattr(parent, name, PackedLinear.like(layer, weight_dtype, "onednn"))
+        return [f"oneDNN-packed bfloat16 linear weights ({len(layers)})"]
     keys = [decode_key(layer) for layer in layers]
     timings, cached = (kernels or KernelChoices()).timings(
         keys, lambda missing: measure_decoding(layers, missing), "plain")

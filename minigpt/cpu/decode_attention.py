@@ -4,8 +4,8 @@ A one-token step attends one query per head over the cached keys. SDPA's CPU ker
 out of the compiled program with its own set-up (tens of microseconds a layer) that splits the
 step's fused loops in two at every layer; written as products and sums, the same attention
 becomes loops inductor fuses with the projections around it (``bench/README.md``: about 2 ms a
-token for GPT-2 small). Eagerly (the prompt, an eager step) SDPA's kernel is the faster, so it
-stays there.
+token for GPT-2 small). Eagerly (the prompt, an eager step) SDPA's kernel is the faster, so
+``MultiHeadAttention`` calls this only inside a compiled step.
 
 Shape letters: B batch, nh query heads, nkv key/value heads (nh a multiple of it: GQA), L cached
 slots, hd head size, g query heads per key/value head.
@@ -13,8 +13,6 @@ slots, hd head size, g query heads per key/value head.
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -22,13 +20,10 @@ def one_query_attention(q: Tensor, keys: Tensor, values: Tensor,
                         mask: Tensor | None) -> Tensor:
     """``F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)`` for
     q (B, nh, 1, hd) over keys, values (B, nkv, L, hd) under ``mask`` (B or 1, 1, 1, L) bool,
-    True = may attend, with at least one True per row (or None): (B, nh, 1, hd). Inside a
-    compiled graph as multiplies and sums over float32 (or the inputs' type); else SDPA."""
+    True = may attend, with at least one True per row (or None): (B, nh, 1, hd), as multiplies
+    and sums in the inputs' type."""
     B, nh, _, hd = q.shape
     nkv = keys.shape[1]
-    if not torch.compiler.is_compiling():
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                              enable_gqa=nh != nkv)
     grouped = q.view(B, nkv, nh // nkv, 1, hd)  # (B, nkv, g, 1, hd)
     # Scores as a column (..., L, 1): the softmax and the weighted sum of values then run
     # along L, each head's keys and values read once, row by row, as they lie in the cache.

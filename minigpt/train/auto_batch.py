@@ -71,9 +71,8 @@ def choose_by_measuring(fabric, plan: RunPlan, module, optimizers: dict,
     """The largest micro-batch whose training step runs on the device with room to spare: two
     steps (forward, backward, a step of each optimizer of ``module``, set up by ``fabric``) on
     random tokens, the second carrying the gradients and optimizer state the first made, whose
-    allocator peak stays within ``measured_limit``. The
-    parameters come back as they were, the optimizer state is dropped, and the random streams
-    are untouched."""
+    allocator peak stays within ``measured_limit``. The parameters come back as they were, the
+    optimizer state is dropped, and the random streams are untouched."""
     device, T = fabric.device, plan.context_length
     saved = [p.detach().to("cpu", copy=True) for p in module.parameters()]
     limit, limit_words = measured_limit(*_cuda_memory(device), plan.memory_budget)
