@@ -103,6 +103,7 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     plan = plan.with_world(fabric.world_size)  # the batch plan, once
     plan, kept = keep_global_batch(plan, resume.batch if resume else None)
     preflight(train, plan, resume)  # before the data is prepared: bad sizes fail in seconds
+    owns_process_group = torch.distributed.is_available() and not torch.distributed.is_initialized()
     fabric.launch()
     Fabric.seed_everything(train.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
@@ -142,7 +143,10 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     finally:
         for logger in fabric.loggers:
             logger.finalize(status)
-    return finish(fabric, loop, run_dir)
+    summary = finish(fabric, loop, run_dir)
+    if owns_process_group:
+        end_process_group(fabric)
+    return summary
 
 
 def _data_batch(train: TrainSchema, plan: RunPlan) -> TrainSchema:
@@ -314,6 +318,18 @@ def finish(fabric: Fabric, loop: Loop, run_dir: Path) -> dict:
         fabric.print(f"done: {summary['steps']} steps, val/loss {summary['val_loss']}, "
                      f"checkpoints in {ckpt_dir}; sample with `python generate.py`")
     return summary
+
+
+def end_process_group(fabric: Fabric) -> None:
+    """Destroy the process group this run started, once every rank is done with it.
+
+    Lightning does so at exit for NCCL only. A gloo group left to interpreter shutdown can abort
+    the process (SIGABRT, "terminate called without an active exception") after a run that
+    succeeded: its worker threads still hold tensors. Called only after success: after a failure
+    another rank may still be inside a collective, and the barrier would hang."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        fabric.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def quiet_warnings() -> None:

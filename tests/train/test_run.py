@@ -10,6 +10,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -604,3 +605,25 @@ def test_a_checkpoint_of_the_lightning_trainer_resumes(tmp_path, data_root, chec
     assert summary["steps"] == 5 and math.isfinite(summary["val_loss"])
     ckpt = torch.load(summary["last"], weights_only=True)
     assert ckpt["minigpt"]["format_version"] == 2 and ckpt["data"]["batches_consumed"] == 5
+
+
+def test_a_run_ends_the_process_group_it_started_and_keeps_a_callers(tmp_path, data_root):
+    """A gloo group left to interpreter shutdown can abort a finished run (SIGABRT): the run
+    destroys the group Fabric started for it, and leaves alone one its caller started."""
+    one_process_ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=1",
+                       "trainer.max_steps=1", "trainer.val_check_interval=1",
+                       "sample.max_new_tokens=0"]
+    assert not torch.distributed.is_initialized()
+    assert run(tiny_cfg(data_root, *one_process_ddp), tmp_path / "own")["steps"] == 1
+    assert not torch.distributed.is_initialized()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                         rank=0, world_size=1)
+    try:
+        assert run(tiny_cfg(data_root, *one_process_ddp), tmp_path / "callers")["steps"] == 1
+        assert torch.distributed.is_initialized()
+    finally:
+        torch.distributed.destroy_process_group()
