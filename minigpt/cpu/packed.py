@@ -10,9 +10,10 @@ speed of reading the weights from memory, and that depends on the layout each ke
 * ``rowsum``: for a compiled decode step: the (out, in) weight, float32 or bfloat16, and a
   one-row product written as a multiply and a sum over each weight row, which inductor compiles
   into one streaming pass over the weight inside the step's own program (bfloat16 widened to
-  float32 in registers); other calls (the prompt, eager steps) run ``F.linear`` on widened
-  blocks of the weight. Activations and sums stay float32 throughout: the float32 model on
-  rounded weights.
+  float32 in registers); a one-row product outside a compiled step (the prompt's last
+  position, eager steps) runs that loop compiled on its own, and several rows (the prompt) a GEMM
+  on widened blocks of the weight. Activations and sums stay float32 throughout: the float32
+  model on rounded weights.
 
 Which eager float32 layout reads fastest differs by CPU and shape (``bench/generate.py``), so
 ``measure_decoding`` times the first three on the model's own layers, in the model's order, so
@@ -27,6 +28,7 @@ only, since the copy does not follow later weight updates.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 import torch
@@ -63,17 +65,16 @@ def matmul_packed(x: Tensor, packed: Tensor, bias: Tensor | None, kernel: str) -
     eager layouts cast ``x`` to ``packed``'s dtype and return that dtype; ``rowsum`` widens the
     weight to ``x``'s dtype instead (``bias`` in ``x``'s dtype too), and returns ``x``'s."""
     if kernel == ROWSUM:
-        if x.shape[0] == 1 and torch.compiler.is_compiling():
-            # Written so that inductor fuses the widening, the products and the sums into one
-            # loop over the weight's rows: no widened copy of the weight, no GEMM call.
-            y = (packed.to(x.dtype) * x).sum(dim=-1).unsqueeze(0)  # (1, out)
-            return y if bias is None else y + bias
+        if x.shape[0] == 1:  # a decode step's product: one streaming pass over the weight
+            return (_rowsum_one_row if torch.compiler.is_compiling() else
+                    _compiled_one_row())(x, packed, bias)
         if packed.dtype == x.dtype:
-            return F.linear(x, packed, bias)
-        # Widened a block of rows at a time, so the widened copy stays in cache instead of
-        # going to memory and back: the prompt costs a read of the narrow weight only.
-        rows = max(1, WIDEN_BYTES // (packed.shape[1] * x.element_size()))
-        y = torch.cat([F.linear(x, block.to(x.dtype)) for block in packed.split(rows)], dim=-1)
+            y = torch.mm(packed, x.t())  # (out, N): reads faster than F.linear's x @ W.T
+        else:  # widened a block of rows at a time, so the widened copy stays in cache instead
+            # of going to memory and back: the prompt costs a read of the narrow weight only
+            rows = max(1, WIDEN_BYTES // (packed.shape[1] * x.element_size()))
+            y = torch.cat([torch.mm(block.to(x.dtype), x.t()) for block in packed.split(rows)])
+        y = y.t().contiguous()  # (N, out)
         return y if bias is None else y + bias
     x = x.to(packed.dtype)
     if kernel == "plain":
@@ -81,6 +82,26 @@ def matmul_packed(x: Tensor, packed: Tensor, bias: Tensor | None, kernel: str) -
     if kernel == "mkl":
         return x @ packed if bias is None else torch.addmm(bias, x, packed)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _rowsum_one_row(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    """The row-sum product of one row ``x`` (1, in), written so that inductor fuses the widening,
+    the products and the sums into one loop over the weight's rows: no widened copy of the
+    weight, no GEMM call."""
+    y = (packed.to(x.dtype) * x).sum(dim=-1).unsqueeze(0)  # (1, out)
+    return y if bias is None else y + bias
+
+
+@functools.cache
+def _compiled_one_row():
+    """``_rowsum_one_row`` compiled on its own, for a one-row product outside a compiled step
+    (the prompt's last position, eager steps): eager GEMV kernels read the weight at about half
+    the speed on some CPUs (bench/README.md). One graph per weight shape."""
+    from minigpt.static_decoding import cpu_step_options
+
+    call = torch.compile(_rowsum_one_row, dynamic=False, fullgraph=True,
+                         options=cpu_step_options())
+    return torch._dynamo.config.patch(recompile_limit=64)(call)
 
 
 class PackedLinear(nn.Module):
