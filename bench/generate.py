@@ -26,7 +26,9 @@ cache, sized to prompt + new tokens), "compiled" what ``generate.py decoder=comp
 the CPU (``--compiled``: that step compiled by inductor over row-sum weights, float32 and, with
 bfloat16, bfloat16 ones; compile times printed apart); "no cache" reruns the window every token
 (fewer repeats); "bf16 weights" keep float32 activations in every row. All variants live in
-this process and are timed round-robin after a warm-up; medians over ``--repeats``. Wall rates
+this process and are timed round-robin after a warm-up; medians over ``--repeats``. Then per
+weight shape: each layout's one-row product, and with ``--compiled`` the prompt's rows over the
+row-sum weights (as applied, against ``F.linear``). Wall rates
 are what a user sees; with ``--threads 1`` the CPU-time rates are not inflated by other
 processes on a shared machine.
 """
@@ -42,7 +44,14 @@ import time
 import torch
 
 from minigpt.cpu import onednn, speed_up_decoding
-from minigpt.cpu.packed import DECODE_KERNELS, ROWSUM, PackedLinear, matmul_packed, pack_weight
+from minigpt.cpu.packed import (
+    DECODE_KERNELS,
+    ROWSUM,
+    WIDEN_BYTES,
+    PackedLinear,
+    matmul_packed,
+    pack_weight,
+)
 from minigpt.cpu.tuning import clock
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate
@@ -77,6 +86,8 @@ def main() -> None:
         outputs[BF16_REFERENCE] = bf16_reference(model, prompt, args.new_tokens)
     report(times, cpu, outputs, args)
     report_shapes(layouts)
+    if args.compiled:
+        report_prompt_products(model, args)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -350,6 +361,46 @@ def report_shapes(layouts: dict) -> None:
         if rowsum:
             line += f" {ms[ROWSUM]:>16.3f} {ms['plain'] / ms[ROWSUM]:>11.2f}x"
         print(line)
+
+
+@torch.no_grad()
+def report_prompt_products(model: GPT, args, repeats: int = 7) -> None:
+    """Per weight shape and dtype: ms per product of a prompt's rows (``--prompt-tokens`` x in)
+    with the row-sum layout outside the compiled step, as applied (``matmul_packed``: ``W @
+    x.T``, bfloat16 weights widened block by block) against ``F.linear``'s ``x @ W.T`` on the
+    same (widened) blocks; each matrix from memory, in the model's order, medians of
+    interleaved passes."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][:-1]  # not the
+    # head: the prompt pass multiplies only its last row by it (the one-row compiled loop)
+    print(f"\nprompt rows ({args.prompt_tokens} x in) over row-sum weights, ms per product "
+          f"({'CPU' if clock() is time.thread_time else 'wall'} time)")
+    print(f"{'in x out':<12} {'dtype':<9} {'x @ W.T':>9} {'applied':>9} {'applied vs x @ W.T':>18}")
+    for dtype in (torch.float32, torch.bfloat16):
+        weights = [pack_weight(m.weight, ROWSUM, dtype) for m in linears]
+        rows = {m.in_features: torch.randn(args.prompt_tokens, m.in_features) for m in linears}
+
+        def old(x, w):
+            if w.dtype == x.dtype:
+                return torch.nn.functional.linear(x, w)
+            step = max(1, WIDEN_BYTES // (w.shape[1] * x.element_size()))
+            return torch.cat([torch.nn.functional.linear(x, b.to(x.dtype))
+                              for b in w.split(step)], dim=-1)
+
+        kernels = {"x @ W.T": old, "applied": lambda x, w: matmul_packed(x, w, None, ROWSUM)}
+        seconds = {k: [[] for _ in linears] for k in kernels}
+        now = clock()
+        for _ in range(repeats + 1):  # the first pass warms up
+            for name, kernel in kernels.items():
+                for i, (m, w) in enumerate(zip(linears, weights, strict=True)):
+                    start = now()
+                    kernel(rows[m.in_features], w)
+                    seconds[name][i].append(now() - start)
+        for shape, idx in _by_shape(linears).items():
+            ms = {k: statistics.mean(statistics.median(seconds[k][i][1:]) for i in idx) * 1e3
+                  for k in kernels}
+            print(f"{f'{shape[0]}x{shape[1]}':<12} {str(dtype).removeprefix('torch.'):<9} "
+                  f"{ms['x @ W.T']:>9.3f} {ms['applied']:>9.3f} "
+                  f"{ms['x @ W.T'] / ms['applied']:>17.2f}x")
 
 
 def _transformers_model(model: GPT):
