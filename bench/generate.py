@@ -28,9 +28,8 @@ bfloat16, bfloat16 ones; compile times printed apart); "no cache" reruns the win
 (fewer repeats); "bf16 weights" keep float32 activations in every row. All variants live in
 this process and are timed round-robin after a warm-up; medians over ``--repeats``. Then per
 weight shape: each layout's one-row product, and with ``--compiled`` the prompt's rows over the
-row-sum weights (as applied, against ``F.linear``). Wall rates
-are what a user sees; with ``--threads 1`` the CPU-time rates are not inflated by other
-processes on a shared machine.
+row-sum weights (as applied, against ``F.linear``). Wall rates are what a user sees; with
+``--threads 1`` the CPU-time rates are not inflated by other processes on a shared machine.
 """
 
 from __future__ import annotations
