@@ -27,8 +27,8 @@ the CPU (``--compiled``: that step compiled by inductor over row-sum weights, fl
 bfloat16, bfloat16 ones; compile times printed apart); "no cache" reruns the window every token
 (fewer repeats); "bf16 weights" keep float32 activations in every row. All variants live in
 this process and are timed round-robin after a warm-up; medians over ``--repeats``. Then per
-weight shape: each layout's one-row product, and with ``--compiled`` the prompt's rows over the
-row-sum weights (as applied, against ``F.linear``). Wall rates are what a user sees; with
+weight shape: each layout's one-row product, and with ``--compiled`` a prompt's rows by the
+row-sum weights (each product, and the one applied). Wall rates are what a user sees; with
 ``--threads 1`` the CPU-time rates are not inflated by other processes on a shared machine.
 """
 
@@ -45,8 +45,8 @@ import torch
 from minigpt.cpu import onednn, speed_up_decoding
 from minigpt.cpu.packed import (
     DECODE_KERNELS,
+    PROMPT_PRODUCTS,
     ROWSUM,
-    WIDEN_BYTES,
     PackedLinear,
     matmul_packed,
     pack_weight,
@@ -79,14 +79,13 @@ def main() -> None:
     model = GPT(GPTConfig()).eval()  # GPT-2 small: 12 layers, 768 dims, vocab 50257
     prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_tokens),
                            generator=torch.Generator().manual_seed(0))
-    variants, layouts = build_variants(model, prompt, args)
+    variants, layouts, rowsum = build_variants(model, prompt, args)
     times, cpu, outputs = run_interleaved(variants)
     if args.dtype != "float32":
         outputs[BF16_REFERENCE] = bf16_reference(model, prompt, args.new_tokens)
     report(times, cpu, outputs, args)
     report_shapes(layouts)
-    if args.compiled:
-        report_prompt_products(model, args)
+    report_prompt_products(rowsum, args)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,9 +104,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict]:
-    """name -> (run(tokens) -> token ids or None, repeats); and per float32 weight shape, the
-    bound's trial timings of each layout and the layout the tuned model uses."""
+def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict, dict]:
+    """name -> (run(tokens) -> token ids or None, repeats); per float32 weight shape, the
+    bound's trial timings of each layout and the layout the tuned model uses; and the compiled
+    decoders' models by weight dtype (None where not built)."""
     n = args.new_tokens
 
     def copy(weights=None, traceable=False):
@@ -165,7 +165,7 @@ def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict]:
                                    use_cache=True, pad_token_id=0)
 
         variants[HF] = (hf_generate, args.repeats)
-    return variants, layouts
+    return variants, layouts, rowsum
 
 
 @torch.no_grad()
@@ -363,43 +363,37 @@ def report_shapes(layouts: dict) -> None:
 
 
 @torch.no_grad()
-def report_prompt_products(model: GPT, args, repeats: int = 7) -> None:
-    """Per weight shape and dtype: ms per product of a prompt's rows (``--prompt-tokens`` x in)
-    with the row-sum layout outside the compiled step, as applied (``matmul_packed``: ``W @
-    x.T``, bfloat16 weights widened block by block) against ``F.linear``'s ``x @ W.T`` on the
-    same (widened) blocks; each matrix from memory, in the model's order, medians of
-    interleaved passes."""
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][:-1]  # not the
-    # head: the prompt pass multiplies only its last row by it (the one-row compiled loop)
-    print(f"\nprompt rows ({args.prompt_tokens} x in) over row-sum weights, ms per product "
+def report_prompt_products(rowsum: dict, args, repeats: int = 7) -> None:
+    """Per weight shape of each compiled decoder's model (``rowsum``: dtype -> model or None):
+    ms per product of a prompt's rows (``--prompt-tokens`` x in) by its row-sum weights, each of
+    ``PROMPT_PRODUCTS`` (bfloat16 weights widened block by block), and the one
+    ``speed_up_decoding`` applied; each matrix from memory, in the model's order, medians of
+    interleaved passes. Not the LM head: a prompt multiplies only its last row by it."""
+    models = {dtype: m for dtype, m in rowsum.items() if m is not None}
+    if not models:
+        return
+    print(f"\nprompt rows ({args.prompt_tokens} x in) by row-sum weights, ms per product "
           f"({'CPU' if clock() is time.thread_time else 'wall'} time)")
-    print(f"{'in x out':<12} {'dtype':<9} {'x @ W.T':>9} {'applied':>9} {'applied vs x @ W.T':>18}")
-    for dtype in (torch.float32, torch.bfloat16):
-        weights = [pack_weight(m.weight, ROWSUM, dtype) for m in linears]
-        rows = {m.in_features: torch.randn(args.prompt_tokens, m.in_features) for m in linears}
-
-        def old(x, w):
-            if w.dtype == x.dtype:
-                return torch.nn.functional.linear(x, w)
-            step = max(1, WIDEN_BYTES // (w.shape[1] * x.element_size()))
-            return torch.cat([torch.nn.functional.linear(x, b.to(x.dtype))
-                              for b in w.split(step)], dim=-1)
-
-        kernels = {"x @ W.T": old, "applied": lambda x, w: matmul_packed(x, w, None, ROWSUM)}
-        seconds = {k: [[] for _ in linears] for k in kernels}
-        now = clock()
+    print(f"{'in x out':<12} {'dtype':<9} {'x @ W.T':>9} {'W @ x.T':>9} {'applied':>9} "
+          f"{'vs x @ W.T':>10}")
+    now = clock()
+    for dtype, model in models.items():
+        layers = [m for m in model.modules() if isinstance(m, PackedLinear)][:-1]
+        rows = {m.in_features: torch.randn(args.prompt_tokens, m.in_features) for m in layers}
+        seconds = {p: [[] for _ in layers] for p in PROMPT_PRODUCTS}
         for _ in range(repeats + 1):  # the first pass warms up
-            for name, kernel in kernels.items():
-                for i, (m, w) in enumerate(zip(linears, weights, strict=True)):
+            for product in PROMPT_PRODUCTS:
+                for i, m in enumerate(layers):
                     start = now()
-                    kernel(rows[m.in_features], w)
-                    seconds[name][i].append(now() - start)
-        for shape, idx in _by_shape(linears).items():
-            ms = {k: statistics.mean(statistics.median(seconds[k][i][1:]) for i in idx) * 1e3
-                  for k in kernels}
-            print(f"{f'{shape[0]}x{shape[1]}':<12} {str(dtype).removeprefix('torch.'):<9} "
-                  f"{ms['x @ W.T']:>9.3f} {ms['applied']:>9.3f} "
-                  f"{ms['x @ W.T'] / ms['applied']:>17.2f}x")
+                    matmul_packed(rows[m.in_features], m._packed, None, ROWSUM, product)
+                    seconds[product][i].append(now() - start)
+        for (d_in, d_out), idx in _by_shape(layers).items():
+            ms = {p: statistics.mean(statistics.median(seconds[p][i][1:]) for i in idx) * 1e3
+                  for p in PROMPT_PRODUCTS}
+            applied = layers[idx[0]].product
+            print(f"{f'{d_in}x{d_out}':<12} {str(dtype).removeprefix('torch.'):<9} "
+                  f"{ms['x @ W.T']:>9.3f} {ms['W @ x.T']:>9.3f} {applied:>9} "
+                  f"{ms['x @ W.T'] / ms[applied]:>9.2f}x")
 
 
 def _transformers_model(model: GPT):

@@ -37,7 +37,15 @@ from minigpt.cpu.decode_attention import one_query_attention
 from minigpt.cpu.host_memory import keep_freed_memory as _keep_freed_memory
 from minigpt.cpu.linear import MATMULS, OneDNNLinear, measure_matmuls, timed_shape, train_key
 from minigpt.cpu.loss import ChunkedNextTokenLoss
-from minigpt.cpu.packed import ROWSUM, PackedLinear, decode_key, measure_decoding
+from minigpt.cpu.packed import (
+    PROMPT_PRODUCTS,
+    ROWSUM,
+    PackedLinear,
+    decode_key,
+    measure_decoding,
+    measure_prompt,
+    prompt_key,
+)
 from minigpt.cpu.tuning import KernelChoices, describe, pick, shape_of
 
 __all__ = ["Applied", "KernelChoices", "speed_up_decoding", "speed_up_training"]
@@ -175,7 +183,8 @@ def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float3
     * ``traceable`` (for a decode step compiled afterwards): every layer takes the ``rowsum``
       layout in ``weight_dtype``, which the compiled step reads in one streaming pass, and
       every attention's one-token step is written for inductor to fuse
-      (``minigpt.cpu.decode_attention``);
+      (``minigpt.cpu.decode_attention``); a prompt's rows are multiplied by whichever of
+      ``PROMPT_PRODUCTS`` this machine's timings found faster for the shape;
     * else bfloat16 ``weight_dtype``: every layer multiplies oneDNN-packed bfloat16 weights;
     * else float32: each layer's shape takes the layout ``kernels`` (this machine's timings,
       ``minigpt.cpu.tuning``; measured on first use) found fastest (``minigpt.cpu.packed``),
@@ -190,14 +199,23 @@ def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float3
     layers = _linears(model)
     if not layers:
         return []
-    if traceable:  # one layout for every layer, untimed
+    if traceable:  # one layout for every layer; a prompt's product measured per shape
+        keys = [prompt_key(layer, weight_dtype) for layer in layers]
+        default = PROMPT_PRODUCTS[0]
+        timings, cached = (kernels or KernelChoices()).timings(
+            keys, lambda missing: measure_prompt(layers, missing, weight_dtype), default)
+        choices = {key: pick(timings[key], default, key in cached) for key in keys}
         for parent, name, layer in _linear_slots(model, layers):
-            setattr(parent, name, PackedLinear.like(layer, weight_dtype, ROWSUM))
+            packed = PackedLinear.like(layer, weight_dtype, ROWSUM)
+            packed.product = choices[prompt_key(layer, weight_dtype)].kernel
+            setattr(parent, name, packed)
         attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
         for attention in attentions:
             attention.decode_attention = one_query_attention
         return [f"row-sum {str(weight_dtype).removeprefix('torch.')} weights ({len(layers)}: "
                 "the compiled step streams each one-row product over the weight in its own loop)",
+                *_applied_lines(keys, choices, {"W @ x.T": "a prompt's rows as W @ x.T",
+                                                "x @ W.T": "a prompt's rows as x @ W.T kept"}),
                 f"one-query attention fused into the compiled step ({len(attentions)})"]
     if weight_dtype == torch.bfloat16:  # the one eager bfloat16 layout, untimed
         for parent, name, layer in _linear_slots(model, layers):
@@ -211,14 +229,21 @@ def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float3
         kernel = choices[decode_key(layer)].kernel
         if kernel != "plain":
             setattr(parent, name, PackedLinear.like(layer, weight_dtype, kernel))
-    applied = []
-    for kernel, label in (("onednn", "oneDNN-packed float32 weights"),
-                          ("mkl", "(in, out) MKL float32 weights"), ("plain", "nn.Linear kept")):
+    return _applied_lines(keys, choices, {"onednn": "oneDNN-packed float32 weights",
+                                          "mkl": "(in, out) MKL float32 weights",
+                                          "plain": "nn.Linear kept"})
+
+
+def _applied_lines(keys: list[str], choices: dict, labels: dict[str, str]) -> list[str]:
+    """One line per kernel in ``labels`` (kernel -> words) that some layer took: its words, the
+    number of layers (``keys``: one per layer) and each of its shapes' measured ratio."""
+    lines = []
+    for kernel, label in labels.items():
         mine = {k: c for k, c in choices.items() if c.kernel == kernel}
         if mine:
             count = sum(choices[key].kernel == kernel for key in keys)
-            applied.append(f"{label} ({count}: {describe(mine, shape_of)})")
-    return applied
+            lines.append(f"{label} ({count}: {describe(mine, shape_of)})")
+    return lines
 
 
 def _device_type(model: nn.Module) -> str:

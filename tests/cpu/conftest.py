@@ -18,11 +18,12 @@ def _fresh_kernel_timings(tmp_path, monkeypatch):
 
 @pytest.fixture
 def fake_timings(monkeypatch):
-    """``fake_timings(train={matmul: {kernel: seconds}}, decode={kernel: seconds})``: what
-    minigpt.cpu "measures" for every training key of that matmul / every decoding shape."""
+    """``fake_timings(train={matmul: {kernel: seconds}}, decode={kernel: seconds},
+    prompt={product: seconds})``: what minigpt.cpu "measures" for every training key of that
+    matmul / every decoding shape / every row-sum shape's prompt product."""
     calls = []
 
-    def install(train=None, decode=None):
+    def install(train=None, decode=None, prompt=None):
         if train is not None:
             def measure_matmuls(shapes):
                 calls.append(sorted(shapes))
@@ -33,6 +34,11 @@ def fake_timings(monkeypatch):
                 calls.append(sorted(keys))
                 return {key: dict(decode) for key in keys}
             monkeypatch.setattr(minigpt.cpu, "measure_decoding", measure_decoding)
+        if prompt is not None:
+            def measure_prompt(layers, keys, weight_dtype):
+                calls.append(sorted(keys))
+                return {key: dict(prompt) for key in keys}
+            monkeypatch.setattr(minigpt.cpu, "measure_prompt", measure_prompt)
         return calls
 
     return install

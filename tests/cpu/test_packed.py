@@ -5,7 +5,14 @@ import torch
 from torch import nn
 
 from minigpt.cpu import onednn, speed_up_decoding
-from minigpt.cpu.packed import DECODE_KERNELS, ROWSUM, PackedLinear
+from minigpt.cpu.packed import (
+    DECODE_KERNELS,
+    PROMPT_PRODUCTS,
+    ROWSUM,
+    PackedLinear,
+    measure_prompt,
+    prompt_key,
+)
 from minigpt.cpu.tuning import CLOSE_CALL_RUNS
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate
@@ -51,9 +58,12 @@ def test_packed_linear_matches_linear(shape, kernel):
         torch.testing.assert_close(bf16, linear(x), rtol=2e-2, atol=2e-2)
 
 
-def test_rowsum_prompt_widens_bfloat16_weights_block_by_block(monkeypatch):
-    """Outside the compiled step (the prompt), row-sum bfloat16 weights are widened a few rows at
-    a time: the same product as the float32 layer on the rounded weights, block edges and all."""
+@pytest.mark.parametrize("product", PROMPT_PRODUCTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rowsum_prompt_rows_by_either_product_widen_block_by_block(monkeypatch, dtype, product):
+    """Outside the compiled step (the prompt), several rows by row-sum weights, either product,
+    bfloat16 weights widened a few rows at a time: the product of the float32 layer on the
+    rounded weights, block edges and all."""
     import minigpt.cpu.packed as packed
 
     monkeypatch.setattr(packed, "WIDEN_BYTES", 7 * 48 * 4)  # blocks of 7 rows of 80: uneven
@@ -61,10 +71,22 @@ def test_rowsum_prompt_widens_bfloat16_weights_block_by_block(monkeypatch):
     x = torch.randn(2, 5, 48)
     rounded = nn.Linear(48, 80)
     with torch.no_grad():
-        rounded.weight.copy_(linear.weight.to(torch.bfloat16).float())
+        rounded.weight.copy_(linear.weight.to(dtype).float())
         rounded.bias.copy_(linear.bias)
-        torch.testing.assert_close(PackedLinear.like(linear, torch.bfloat16, ROWSUM)(x),
-                                   rounded(x), rtol=1e-6, atol=1e-6)
+        layer = PackedLinear.like(linear, dtype, ROWSUM)
+        layer.product = product
+        torch.testing.assert_close(layer(x), rounded(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="product='x @ W'"):
+        packed.matmul_packed(x[0], layer._packed, None, ROWSUM, "x @ W")
+
+
+def test_measure_prompt_times_each_product_per_shape():
+    layers = [m for m in tiny_model().modules() if isinstance(m, nn.Linear)]
+    keys = ["prompt bfloat16 32x96", "prompt bfloat16 128x32"]  # two of the model's shapes
+    assert set(keys) <= {prompt_key(layer, torch.bfloat16) for layer in layers}
+    timings = measure_prompt(layers, keys, torch.bfloat16, sweeps=1)
+    assert sorted(timings) == sorted(keys)
+    assert all(set(t) == set(PROMPT_PRODUCTS) and min(t.values()) > 0 for t in timings.values())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -182,26 +204,34 @@ def test_decoding_never_reads_cache_slots_it_has_not_written(monkeypatch):
     assert torch.equal(generate(model, idx, 30, temperature=0), expected)  # crops at 24 too
 
 
+@pytest.mark.parametrize("faster", PROMPT_PRODUCTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_traceable_takes_rowsum_and_the_compiled_step_decodes_the_uncached_tokens(
-        dtype, fake_timings):
+        dtype, faster, fake_timings):
     """``traceable``: every layer takes the row-sum layout, whatever the eager timings say (none
-    are measured), and the compiled fixed-shape step decodes the tokens of the uncached model
-    with the same (``dtype``-rounded) weights in float32."""
+    are measured), its prompt product the one measured faster (``x @ W.T`` unless the other is),
+    and the compiled fixed-shape step decodes the tokens of the uncached model with the same
+    (``dtype``-rounded) weights in float32."""
     from minigpt.static_decoding import StaticDecoder
 
-    calls = fake_timings(decode={"plain": 1.0, "mkl": 0.8, "onednn": 0.5})
+    calls = fake_timings(decode={"plain": 1.0, "mkl": 0.8, "onednn": 0.5},
+                         prompt={"x @ W.T": 1.0, "W @ x.T": 1.0, faster: 0.5})
     model = tiny_model()
     idx = torch.tensor([[1, 2, 3]])
     expected = generate(rounded_model(0, dtype), idx, 30, temperature=0, use_cache=False)
     applied = speed_up_decoding(model, dtype, traceable=True)
     name = str(dtype).removeprefix("torch.")
+    ratio = "x2.00" if faster == "W @ x.T" else "x0.50"  # kept: the other product's ratio
+    kept = "" if faster == "W @ x.T" else " kept"
     assert applied == [f"row-sum {name} weights (9: the compiled step streams each one-row "
                        "product over the weight in its own loop)",
+                       f"a prompt's rows as {faster}{kept} (9: "
+                       + ", ".join(f"{shape} {ratio}" for shape in SHAPES) + "; measured)",
                        "one-query attention fused into the compiled step (2)"]
-    assert calls == []
+    assert calls == [sorted(f"prompt {name} {shape}" for shape in SHAPES)]
     layers = [m for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear))]
-    assert all(type(m) is PackedLinear and m.kernel == ROWSUM for m in layers)
+    assert all(type(m) is PackedLinear and m.kernel == ROWSUM and m.product == faster
+               for m in layers)
     assert model.lm_head.weight is model.tok_emb.weight  # still tied
     torch._dynamo.reset()
     decoder = StaticDecoder(model, 1, compile=True, capacity=33)
