@@ -103,7 +103,8 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     plan = plan.with_world(fabric.world_size)  # the batch plan, once
     plan, kept = keep_global_batch(plan, resume.batch if resume else None)
     preflight(train, plan, resume)  # before the data is prepared: bad sizes fail in seconds
-    owns_process_group = torch.distributed.is_available() and not torch.distributed.is_initialized()
+    owns_process_group = (torch.distributed.is_available()
+                          and not torch.distributed.is_initialized())
     fabric.launch()
     Fabric.seed_everything(train.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
