@@ -378,7 +378,8 @@ def report_prompt_products(rowsum: dict, args, repeats: int = 7) -> None:
           f"{'vs x @ W.T':>10}")
     now = clock()
     for dtype, model in models.items():
-        layers = [m for m in model.modules() if isinstance(m, PackedLinear)][:-1]
+        layers = [m for m in model.modules()
+                  if isinstance(m, PackedLinear) and m is not model.lm_head]
         rows = {m.in_features: torch.randn(args.prompt_tokens, m.in_features) for m in layers}
         seconds = {p: [[] for _ in layers] for p in PROMPT_PRODUCTS}
         for _ in range(repeats + 1):  # the first pass warms up

@@ -206,9 +206,8 @@ def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float3
             keys, lambda missing: measure_prompt(layers, missing, weight_dtype), default)
         choices = {key: pick(timings[key], default, key in cached) for key in keys}
         for parent, name, layer in _linear_slots(model, layers):
-            packed = PackedLinear.like(layer, weight_dtype, ROWSUM)
-            packed.product = choices[prompt_key(layer, weight_dtype)].kernel
-            setattr(parent, name, packed)
+            product = choices[prompt_key(layer, weight_dtype)].kernel
+            setattr(parent, name, PackedLinear.like(layer, weight_dtype, ROWSUM, product))
         attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
         for attention in attentions:
             attention.decode_attention = one_query_attention

@@ -102,8 +102,10 @@ def _rowsum_rows(x: Tensor, packed: Tensor, product: str) -> Tensor:
         rows = max(1, WIDEN_BYTES // (packed.shape[1] * x.element_size()))
         blocks = (block.to(x.dtype) for block in packed.split(rows))  # each just before use
     if product == "x @ W.T":
-        return torch.cat([F.linear(x, w) for w in blocks], dim=-1)
-    return torch.cat([torch.mm(w, x.t()) for w in blocks]).t().contiguous()  # (out, N) first
+        parts = [F.linear(x, w) for w in blocks]  # (N, out rows) each
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    parts = [torch.mm(w, x.t()) for w in blocks]  # (out rows, N) each
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)).t().contiguous()
 
 
 def _rowsum_one_row(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
@@ -133,16 +135,18 @@ class PackedLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, weight: nn.Parameter,
                  bias: nn.Parameter | None, weight_dtype: torch.dtype = torch.float32,
-                 kernel: str = "onednn"):
+                 kernel: str = "onednn", product: str = PROMPT_PRODUCTS[0]):
         super().__init__()
         if kernel not in (*DECODE_KERNELS, ROWSUM) or (
                 weight_dtype != torch.float32 and kernel not in ("onednn", ROWSUM)):
             raise ValueError(f"kernel={kernel!r} must be one of {(*DECODE_KERNELS, ROWSUM)} "
                              f"(onednn or rowsum for {weight_dtype} weights)")
+        if product not in PROMPT_PRODUCTS:
+            raise ValueError(f"product={product!r} must be one of {PROMPT_PRODUCTS}")
         self.in_features, self.out_features = in_features, out_features
         self.weight, self.bias = weight, bias  # the original Parameters: the state dict's keys
         self.weight_dtype, self.kernel = weight_dtype, kernel
-        self.product = PROMPT_PRODUCTS[0]  # rowsum's product of several rows (speed_up_decoding)
+        self.product = product  # rowsum's product of several rows (one of PROMPT_PRODUCTS)
         with torch.no_grad():
             self._packed = pack_weight(weight, kernel, weight_dtype)
             bias_dtype = torch.float32 if kernel == ROWSUM else weight_dtype
@@ -150,9 +154,9 @@ class PackedLinear(nn.Module):
 
     @classmethod
     def like(cls, layer: nn.Linear, weight_dtype: torch.dtype = torch.float32,
-             kernel: str = "onednn") -> PackedLinear:
+             kernel: str = "onednn", product: str = PROMPT_PRODUCTS[0]) -> PackedLinear:
         return cls(layer.in_features, layer.out_features, layer.weight, layer.bias, weight_dtype,
-                   kernel)
+                   kernel, product)
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)  # (N, in)
