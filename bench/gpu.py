@@ -5,6 +5,7 @@
     python -m bench.gpu --self-test      # a tiny config on the CPU in seconds (the default
                                          # without CUDA; the test suite runs it so it never rots)
     python -m bench.gpu --compile-only   # 3.'s compile rows alone (on the CPU: model=toy)
+    python -m bench.gpu --skip compile,documents   # leave out 3.'s compiles and 5.
 
 1. Training step, side by side in this process, each the training loop's own step
    (``bench.loop_step``: Fabric bf16-mixed, fused AdamW, gradient clipping, the schedule): our
@@ -499,8 +500,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-root", type=Path,
                         help="train.py's data_root: prepared token files to reuse (default: a "
                              "temporary folder, prepared there; preparing needs `datasets`)")
+    parser.add_argument("--skip", default="", help="comma-separated sections to leave out on a "
+                        "GPU: compile (3.'s fresh-process compiles), documents (5.)")
     parser.add_argument("--compile-probe", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    if skip - {"compile", "documents"}:
+        parser.error(f"--skip={args.skip}: sections are compile, documents")
     torch.manual_seed(0)
     cuda = torch.cuda.is_available() and not args.self_test
     plan = gpu_plan(args) if cuda else toy_plan() if args.compile_only else tiny_plan()
@@ -511,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile_probe:
         print(json.dumps(compile_probe(plan, json.loads(args.compile_probe))))
         return 0
-    if args.compile_only or cuda:
+    if args.compile_only or (cuda and "compile" not in skip):
         flags = [f for f, on in (("--self-test", args.self_test),
                                  ("--compile-only", args.compile_only)) if on]
         compiles = compile_lines(compile_table(
@@ -534,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run(processes=2))
     decode = decoding_table(plan)
     print("\n".join([*report(plan, train, runs, decode, attention), "", *compiles]))
-    if cuda:  # its own self-test: python -m bench.gpu_documents --self-test
+    if cuda and "documents" not in skip:  # its own self-test: python -m bench.gpu_documents --self-test
         print("\n" + "\n".join(gpu_documents.run(plan.device, args.repeats)))
     if not cuda:
         print("(self-test on the CPU: the numbers say the path runs, not how fast a GPU runs it)")
