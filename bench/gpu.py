@@ -488,6 +488,13 @@ def _target(what: str, value: float | None, goal: float) -> str:
     return f"target {what}: {verdict}" + ("" if value is None else f" ({value:.2f})")
 
 
+def progress(rows: dict) -> None:
+    """Each finished row at once, so a run cut short by its time limit still reports it."""
+    for name, row in rows.items():
+        print(f"[done] {name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else
+                                            f"{k}={v}" for k, v in row.items()), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--self-test", action="store_true",
@@ -533,9 +540,13 @@ def main(argv: list[str] | None = None) -> int:
                     "--compile-only)"]
     attention = attention_calls(plan)
     train = training_table(plan, attention)
+    progress({f"step {name}": row for name, row in train.items()})
     with tempfile.TemporaryDirectory() as tmp:
         run = partial(train_py_run, plan, Path(tmp), data_root=args.data_root)
-        runs = [run(), run(auto_batch=True)]
+        runs = [run()]
+        progress({"train.py": runs[-1]})
+        runs.append(run(auto_batch=True))
+        progress({"train.py, auto": runs[-1]})
         if cuda and torch.cuda.device_count() >= 2:
             runs.append(run(processes=2))
     decode = decoding_table(plan)
