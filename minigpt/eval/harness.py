@@ -28,6 +28,9 @@ from minigpt.errors import UserError
 INSTALL = "pip install -e '.[eval]' (or: pip install 'lm_eval>=0.4,<0.5' accelerate)"
 
 try:
+    # lm-eval loads its built-in models (hf, local-completions...) only into an empty registry:
+    # load them before registering ours, so lm_eval.simple_evaluate(model="hf") keeps working.
+    import lm_eval.models  # noqa: F401
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window

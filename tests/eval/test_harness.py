@@ -146,6 +146,22 @@ def test_missing_lm_eval_says_how_to_install(monkeypatch):
         importlib.import_module("minigpt.eval.harness")
 
 
+def test_lm_evals_own_models_still_resolve_after_ours_is_registered():
+    """lm-eval fills its registry with its built-in models only when the registry is empty; a
+    fresh process that imports our harness first must still find ``hf`` and
+    ``local-completions`` (``simple_evaluate(model="hf")``)."""
+    import subprocess
+
+    code = ("import minigpt.eval.harness\n"
+            "from lm_eval.api.registry import get_model\n"
+            "print(get_model('hf').__name__, get_model('local-completions').__name__, "
+            "get_model('minigpt').__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["HFLM", "LocalCompletionsAPI", "MiniGPTLM"]
+
+
 # ---- with a chat template (a model fine-tuned with experiment=sft) --------------------------
 
 ITEMS = [("What is 2+3?", ["5", "6", "23"], 0), ("Reverse cat.", ["tac", "cat", "act"], 0),
