@@ -4,6 +4,8 @@
 ``minigpt.model.GPT``'s config fields and state dict; ``GPT.from_pretrained`` and
 ``GPT.save_pretrained`` are the entry points that build or read the model. This module imports
 nothing from ``minigpt.model`` (the model imports it), so the two never form an import circle.
+``GPT2_FIELDS`` classifies every ``GPTConfig`` field once: fixed to GPT-2's value, free (written
+to a ``GPT2Config`` key), or training-only; export refuses a field it does not name.
 
 A checkpoint is a directory with ``config.json`` (a ``GPT2Config``) and ``model.safetensors``
 (preferred) or ``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``: tensors only,
@@ -22,7 +24,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -35,19 +40,59 @@ _HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name
 _SUPPORTED_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")  # both are GELU, tanh approximation
 # GPTConfig fields a caller may set freely when loading; the others are fixed by the weights.
 _FREE_OVERRIDES = ("dropout", "context_length", "init_std")
-# GPTConfig's attention-variant and block-option fields: GPT-2's values (what its format holds),
-# what they name. zero_init_proj is not here: it only sets the starting weights, and the trained
-# block is GPT-2's.
-_GPT2_BLOCK = {"num_kv_heads": (None, "grouped-query attention"),
-               "position": ("learned", "rotary position embeddings"),
-               "rope_theta": (10000.0, "rotary position embeddings"),
-               "window": (None, "sliding-window attention"),
-               "norm": ("layernorm", "RMSNorm"),
-               "qk_norm": (False, "QK-norm"),
-               "mlp": ("gelu", "a ReLU² MLP"),
-               "tie_head": (True, "an untied LM head"),
-               "logit_softcap": (None, "soft-capped logits"),
-               "value_embeddings": (False, "value embeddings")}
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """GPT-2's block computes only ``gpt2`` (or a value ``same`` accepts, given the whole
+    config): export refuses any other value, and a GPT-2 checkpoint loads with ``gpt2``."""
+
+    gpt2: Any
+    same: Callable[[dict], bool] = lambda config: False
+
+
+@dataclass(frozen=True)
+class Free:
+    """Any value exports, written to these GPT2Config keys (none: the weights carry it)."""
+
+    keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TrainingOnly:
+    """Any value exports: only training reads it, the trained function is GPT-2's; a GPT-2
+    checkpoint loads with ``loaded``."""
+
+    loaded: Any
+
+
+# Every GPTConfig field (tests/test_hf.py fails on one missing here, and export refuses it): a
+# new block option is Fixed at its off value unless GPT-2's block computes its other values too.
+GPT2_FIELDS = {
+    "vocab_size": Free(("vocab_size",)),
+    "context_length": Free(("n_positions", "n_ctx")),
+    "n_layer": Free(("n_layer",)),
+    "n_head": Free(("n_head",)),
+    "n_embd": Free(("n_embd",)),
+    "dropout": Free(("attn_pdrop", "embd_pdrop", "resid_pdrop")),
+    "bias": Free(),  # GPT-2 always has biases: absent ones are written as zeros, the same function
+    "qkv_bias": Free(),
+    "layer_norm_eps": Free(("layer_norm_epsilon",)),
+    "init_std": Free(("initializer_range",)),
+    "num_kv_heads": Fixed(None, lambda c: c["num_kv_heads"] == c["n_head"]),  # as many: plain MHA
+    "position": Fixed("learned"),
+    "rope_theta": Fixed(10000.0, lambda c: c["position"] == "learned"),  # unused without rope
+    "window": Fixed(None),
+    "window_schedule": TrainingOnly(None),  # it ends at the full context: GPT-2's attention
+    "norm": Fixed("layernorm"),
+    "qk_norm": Fixed(False),
+    "mlp": Fixed("gelu"),
+    "tie_head": Fixed(True),
+    "zero_init_proj": TrainingOnly(False),  # the starting weights only
+    "logit_softcap": Fixed(None),
+    "value_embeddings": Fixed(False),
+    "document_mask": TrainingOnly(False),  # packed training rows; decoding is unchanged
+}
 
 # HF suffix (after "h.{i}.") -> ours (after "blocks.{i}."), and whether it is a Conv1D weight.
 _BLOCK_KEYS = {
@@ -190,8 +235,9 @@ def _config_from_hf(hf: dict, overrides: dict, where: Path) -> dict:
     values = dict(vocab_size=hf["vocab_size"], context_length=hf["n_positions"],
                   n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=0.0,
                   bias=True, qkv_bias=True, layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-                  init_std=hf.get("initializer_range", 0.02), zero_init_proj=False,
-                  **{name: gpt2 for name, (gpt2, _) in _GPT2_BLOCK.items()})
+                  init_std=hf.get("initializer_range", 0.02),
+                  **{name: rule.gpt2 if isinstance(rule, Fixed) else rule.loaded
+                     for name, rule in GPT2_FIELDS.items() if not isinstance(rule, Free)})
     for key, value in overrides.items():
         if key not in values:  # values holds every GPTConfig field
             raise PretrainedError(f"GPTConfig: unknown field(s) [{key!r}]; valid fields are "
@@ -343,7 +389,7 @@ def write_gpt2(path: str | os.PathLike, config: dict, state: dict[str, Tensor]) 
     """
     from safetensors.torch import save_file
 
-    check_gpt2_block(config)
+    check_gpt2_export(config)
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = _ours_to_hf(state, config["n_embd"], config["n_layer"])
@@ -354,17 +400,18 @@ def write_gpt2(path: str | os.PathLike, config: dict, state: dict[str, Tensor]) 
                  lambda tmp: tmp.write_text(json.dumps(hf_config, indent=2) + "\n"))
 
 
-def check_gpt2_block(config: dict) -> None:
-    """Refuse, in one line naming the field, a model whose attention GPT-2's format cannot hold."""
-    for name, (gpt2, what) in _GPT2_BLOCK.items():
-        value = config.get(name, gpt2)
-        if name == "num_kv_heads" and value == config.get("n_head"):
-            continue  # as many key/value heads as heads: plain multi-head attention
-        if name == "rope_theta" and config.get("position", "learned") == "learned":
-            continue  # unused without rope
-        if value != gpt2:
-            raise ValueError(f"cannot export {name}={value!r} ({what}) to Hugging Face GPT-2, "
-                             f"whose block has {name}={gpt2!r}; keep the .ckpt for this model")
+def check_gpt2_export(config: dict) -> None:
+    """Refuse, in one line naming the field and its value, a config GPT-2's format cannot hold:
+    a field ``GPT2_FIELDS`` does not classify, or a fixed field at another value."""
+    for name, value in config.items():
+        rule = GPT2_FIELDS.get(name)
+        if rule is None:
+            raise ValueError(f"cannot export {name}={value!r} to Hugging Face GPT-2: the field is "
+                             "not in minigpt.hf.GPT2_FIELDS; classify it there (fixed to GPT-2's "
+                             "value, free, or training-only)")
+        if isinstance(rule, Fixed) and value != rule.gpt2 and not rule.same(config):
+            raise ValueError(f"cannot export {name}={value!r} to Hugging Face GPT-2, whose block "
+                             f"has only {name}={rule.gpt2!r}; keep the .ckpt for this model")
 
 
 def _ours_to_hf(state: dict[str, Tensor], C: int, n_layer: int) -> dict[str, Tensor]:
@@ -394,18 +441,9 @@ def _hf_config(config: dict, dtype: torch.dtype) -> dict:
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
         "activation_function": "gelu_new",
-        "vocab_size": config["vocab_size"],
-        "n_positions": config["context_length"],
-        "n_ctx": config["context_length"],
-        "n_embd": config["n_embd"],
-        "n_layer": config["n_layer"],
-        "n_head": config["n_head"],
+        **{key: config[name] for name, rule in GPT2_FIELDS.items() if isinstance(rule, Free)
+           for key in rule.keys},
         "n_inner": None,
-        "layer_norm_epsilon": config["layer_norm_eps"],
-        "initializer_range": config["init_std"],
-        "attn_pdrop": config["dropout"],
-        "embd_pdrop": config["dropout"],
-        "resid_pdrop": config["dropout"],
         "scale_attn_weights": True,
         "scale_attn_by_inverse_layer_idx": False,
         "reorder_and_upcast_attn": False,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -247,3 +248,48 @@ def test_a_broken_config_json_is_one_line(tmp_path, text, message):
         GPT.from_pretrained(directory)
     assert str(directory / "config.json") in str(error.value) and message in str(error.value)
     assert "\n" not in str(error.value)
+
+
+# --- the export table: every GPTConfig field classified --------------------------------------
+
+
+def test_every_gpt_config_field_is_classified_for_export():
+    from minigpt.hf import GPT2_FIELDS
+
+    names = [f.name for f in dataclasses.fields(GPTConfig)]
+    assert sorted(set(names) - set(GPT2_FIELDS)) == [], "classify these in minigpt.hf.GPT2_FIELDS"
+    assert sorted(set(GPT2_FIELDS) - set(names)) == []
+
+
+def test_export_refuses_a_field_the_table_does_not_classify(tmp_path):
+    """A block option added as docs/extending.md says, before minigpt.hf knows it: refused even
+    at its off value, since export cannot tell whether GPT-2 computes it."""
+    Extended = dataclasses.make_dataclass(
+        "Extended", [("parallel_residual", bool, False)], bases=(GPTConfig,))
+    for value in (True, False):
+        model = GPT(Extended(**OURS_TINY, parallel_residual=value))
+        with pytest.raises(ValueError, match=f"cannot export parallel_residual={value} to Hugging "
+                                             "Face GPT-2: the field is not in minigpt.hf"):
+            model.save_pretrained(tmp_path / "hf")
+        assert not (tmp_path / "hf").exists()
+
+
+def test_a_fixed_field_is_refused_in_the_words_of_its_own_value(tmp_path):
+    model = GPT(GPTConfig(**OURS_TINY))
+    model.config.mlp = "silu"  # as if an extension had added the activation
+    with pytest.raises(ValueError) as error:
+        model.save_pretrained(tmp_path / "hf")
+    assert str(error.value) == ("cannot export mlp='silu' to Hugging Face GPT-2, whose block has "
+                                "only mlp='gelu'; keep the .ckpt for this model")
+
+
+def test_training_only_fields_export_as_gpt2(tmp_path, idx):
+    """A window schedule ends at the full context and a document mask only shapes packed
+    training rows: the model exports, and transformers computes its logits."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**OURS_TINY, window_schedule=[32, 64], document_mask=True,
+                          dropout=0.1)).eval()
+    model.save_pretrained(tmp_path)
+    ref = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    assert ref.config.resid_pdrop == 0.1
+    assert (hf_logits(ref, idx) - our_logits(model, idx)).abs().max().item() <= 1e-4
