@@ -18,6 +18,7 @@ writer stages whole files there, so a run is given ``DirectCheckpointIO`` instea
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import shutil
@@ -108,7 +109,7 @@ class CheckpointFiles:
                 _sync_to_disk(tmp)
                 _replace(tmp, target)
         except Exception as e:
-            if not isinstance(e, OSError) and not out_of_space(e, target):
+            if not isinstance(e, OSError) and not (out_of_space(e, target) or _cut_short(e)):
                 raise  # a bug, not the disk: its traceback
             failed = e
         if failed is not None:
@@ -125,19 +126,20 @@ class CheckpointFiles:
 
     def _write_failed(self, target: Path, tmp: Path, error: Exception) -> CheckpointWriteError:
         """Remove ``tmp``; the one line for ``target`` (a full disk: the bytes it needed)."""
+        full = out_of_space(error, target) or _cut_short(error)  # while tmp still fills the disk
         written = _size(tmp)
         _remove(tmp)
         kept = [p.name for p in (self.directory / BEST, self.directory / LAST) if p.exists()]
         kept = f"{' and '.join(kept)} (the previous checkpoint) unchanged" if kept else \
             "this was the run's first checkpoint, so none is on disk: the steps so far are lost"
-        if out_of_space(error, target):
+        if full:
             message = str(disk_full_error(target, tmp, written, kept))
         else:
             message = (f"{target}: the checkpoint could not be written "
                        f"({getattr(error, 'strerror', None) or error}): fix that or set "
                        f"hydra.run.dir to another directory and resume; {kept}")
         failed = CheckpointWriteError(message)
-        failed.errno = getattr(error, "errno", None)
+        failed.errno = errno.ENOSPC if full else getattr(error, "errno", None)
         return failed
 
     def link_last_to_best(self) -> None:
@@ -148,6 +150,13 @@ class CheckpointFiles:
             os.symlink(BEST, tmp)
             _replace(tmp, self.directory / LAST)
         self.fabric.barrier()
+
+
+def _cut_short(error: BaseException) -> bool:
+    """Whether ``error`` is torch's zip writer finding its file shorter than it wrote
+    (``enforce fail at inline_container.cc ... unexpected pos``): a write the disk, or a quota,
+    refused, which it reports without an errno."""
+    return isinstance(error, RuntimeError) and "unexpected pos" in str(error)
 
 
 def _remove(path: Path) -> None:

@@ -100,3 +100,42 @@ def test_a_full_disk_on_rank_0_stops_both_ranks_with_one_line(tmp_path, data_roo
     assert "no space left on the device (1,000 bytes written before it filled" in lines[0]
     assert "(the previous checkpoint) unchanged" in lines[0]
     assert_previous_checkpoint_kept(run_dir, 4)
+
+
+def test_torchs_zip_writer_cut_short_is_named_a_full_disk(tmp_path, data_root, monkeypatch):  # noqa: F811
+    """torch's zip writer reports a write the disk refused as its own ``RuntimeError`` (no
+    errno): the line says the disk is full, how much is free, and what to do, not torch's
+    words."""
+    real_save, calls = torch.save, []
+
+    def save(obj, f, *args, **kwargs):
+        calls.append(f)
+        if len(calls) == 1:
+            return real_save(obj, f, *args, **kwargs)
+        Path(f).write_bytes(b"\0" * 1000)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1088 vs "
+                           "960")
+
+    monkeypatch.setattr(torch, "save", save)
+    run_dir = tmp_path / "run"
+    with pytest.raises(CheckpointWriteError) as failed:
+        run(tiny_cfg(data_root), run_dir)
+    message = str(failed.value)
+    assert "\n" not in message and "inline_container" not in message, message
+    assert "no space left on the device (1,000 bytes written before it filled" in message
+    assert f"bytes are free in {run_dir / 'checkpoints'}" in message
+    assert "free disk space there or write to another directory" in message
+    assert failed.value.errno == errno.ENOSPC
+    assert_previous_checkpoint_kept(run_dir, 4)
+
+
+def test_a_full_disk_with_room_left_once_the_partial_file_is_gone(tmp_path, data_root):  # noqa: F811
+    """A checkpoint of about 5 MB on an 8 MiB tmpfs: the second stops when the disk fills, and
+    removing its partial file frees megabytes again; the line still says the disk was full."""
+    with small_tmpfs(tmp_path / "small", size="8m") as disk:
+        with pytest.raises(CheckpointWriteError) as failed:
+            run(tiny_cfg(data_root, "model.n_embd=128"), disk / "run")
+        message = str(failed.value)
+        assert "no space left on the device" in message and "inline_container" not in message
+        assert "(the previous checkpoint) unchanged" in message
+        assert_previous_checkpoint_kept(disk / "run", 4)
