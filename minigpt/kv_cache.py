@@ -108,6 +108,61 @@ class KVCache:
         other.layers = [LayerCache(other, i) for i in range(len(self.keys))]
         return other
 
+    def leading_padding(self) -> int:
+        """Slots at the start of the stream that are padding in every row: how far ``shift``
+        may move the rows back."""
+        if self.length == 0 or len(self.padding) == 0:
+            return self.length
+        real = ~self.padding[:, :self.length]  # (B, n)
+        return int(real.any(dim=0).int().argmax())
+
+    def shift(self, offset: int) -> None:
+        """Move every row's cached tokens ``offset`` slots later in the stream (negative:
+        earlier), as a batch that rows join and leave (``minigpt.serve``) keeps its rows
+        left-aligned. Slots shifted in are padding; positions are unchanged, so every row
+        decodes as before. Only for a sliced, non-ring cache; the slots shifted out must be
+        padding (``leading_padding``) or empty."""
+        if offset == 0:
+            return
+        start = self.length
+        if self.ring or not self.sliced:
+            raise ValueError("only a sliced, non-ring KV cache shifts its rows")
+        if not -self.leading_padding() <= offset <= self.capacity - start:
+            raise ValueError(f"cannot shift {start} cached tokens by {offset} slots in a cache of "
+                             f"{self.capacity} with {self.leading_padding()} padding slots first")
+        for buffers in (self.keys, self.values):
+            for i, buffer in enumerate(buffers):
+                buffers[i] = buffer.roll(offset, dims=2)
+        self.padding = self.padding.roll(offset, dims=1)
+        if offset > 0:
+            self.padding[:, :offset] = True
+        length = start + offset
+        self.slot_pos.fill_(-1)
+        self.slot_pos[:length] = torch.arange(length, device=self.slot_pos.device)
+        self.seen.fill_(length)
+        self._length, self._padded = length, True
+
+    def append_rows(self, other: KVCache) -> None:
+        """Add ``other``'s rows (a prefill of new prompts, each at its own positions) after this
+        cache's rows, their tokens ending where this cache's stream ends (the slots before them
+        are their padding). ``other`` may hold at most ``length`` tokens: ``shift`` first."""
+        start, n = self.length, other.length
+        if n > start or other.ring:
+            raise ValueError(f"a cache of {start} tokens cannot take rows of {n}: shift it by "
+                             f"{n - start} first")
+        R, first = len(other.padding), start - n
+        for mine, theirs in ((self.keys, other.keys), (self.values, other.values)):
+            for i, (buffer, new) in enumerate(zip(mine, theirs, strict=True)):
+                rows = buffer.new_zeros((R, *buffer.shape[1:]))
+                rows[:, :, first:start] = new[:, :, :n]
+                mine[i] = torch.cat([buffer, rows])
+        padding = self.padding.new_ones(R, self.capacity)
+        padding[:, first:start] = other.padding[:, :n]
+        self.padding = torch.cat([self.padding, padding])
+        self.visible = torch.cat([self.visible, self.visible.new_zeros(R, self.capacity)])
+        self.next_position = torch.cat([self.next_position, other.next_position])
+        self._padded = True
+
     def reset(self) -> None:
         """Forget the cached tokens; the buffers are reused in place, not reallocated."""
         self._length, self._padded, self._writes_due = 0, False, 0

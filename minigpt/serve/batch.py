@@ -1,0 +1,79 @@
+"""The rows decoding together: one KV cache (``minigpt.kv_cache``) with a row per running request.
+
+A request joins between steps: its prompt is read in its own forward pass (new prompts that
+arrive together are read as one left-padded batch, each row at its own positions, as
+``generate`` reads several prompts), and the rows of that prefill cache are appended to the
+running cache, their tokens ending where the running rows' do; the slots before them are their
+padding. A request leaves by dropping its row. Every step then feeds each row its last token
+through ``GPT.forward`` with the cache: the one decode path, each row at its own position,
+padding never attended to, so a row's tokens do not depend on the others (up to the rounding
+of a larger matrix product).
+
+The rows stay left-aligned: the slots every row has as padding are shifted out before a join
+and whenever the stream reaches the cache's capacity (``KVCache.shift``), so a step attends over
+the longest row's tokens, never more than the context.
+
+Shape letters: B rows, T prompt tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from minigpt.sampling import pad_prompts
+
+
+class RunningBatch:
+    """The KV cache of the running rows of ``model`` (``capacity`` tokens each) and, per row,
+    its owner (any object; ``owners``)."""
+
+    def __init__(self, model, capacity: int):
+        self.model, self.capacity = model, capacity
+        self.owners: list = []
+        self.cache = None
+
+    def __len__(self) -> int:
+        return len(self.owners)
+
+    def prefill(self, prompts: list[list[int]], *, all_positions: bool = False):
+        """Read ``prompts`` into a fresh cache (left-padded, each at its own positions): their
+        logits (R, V) at the last token, or (R, T, V) at every token with ``all_positions``,
+        and the cache, for ``join``."""
+        device = self.model.tok_emb.weight.device
+        cache = self.model.new_kv_cache(len(prompts), max(map(len, prompts)))
+        idx, padding = pad_prompts(prompts, device=device)
+        if not bool(padding.any()):
+            logits = self.model(idx, kv_cache=cache, last_only=not all_positions)
+        else:
+            positions = (torch.arange(idx.shape[1], device=device)[None]
+                         - padding.sum(dim=1, keepdim=True)).clamp(min=0)
+            logits = self.model(idx, key_padding_mask=padding, position_ids=positions,
+                                kv_cache=cache, last_only=not all_positions)
+        return (logits if all_positions else logits[:, -1]), cache
+
+    def join(self, cache, owners: list) -> None:
+        """Append the rows of a ``prefill`` cache, owned by ``owners``."""
+        if self.cache is None:
+            self.cache = self.model.new_kv_cache(0, self.capacity)
+        self.cache.shift(-self.cache.leading_padding())
+        self.cache.shift(max(0, cache.length - self.cache.length))
+        self.cache.append_rows(cache)
+        self.owners += owners
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (indices, in order); the others leave the batch."""
+        if len(rows) == len(self.owners):
+            return
+        if not rows:
+            self.cache, self.owners = None, []
+            return
+        index = torch.tensor(rows, device=self.cache.seen.device)
+        self.cache = self.cache.rows(index)
+        self.owners = [self.owners[r] for r in rows]
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """Each row reads its token (B, 1); the next token's logits (B, V)."""
+        if self.cache.length == self.capacity:
+            self.cache.shift(-self.cache.leading_padding())
+        return self.model(tokens, kv_cache=self.cache, last_only=True)[:, -1]

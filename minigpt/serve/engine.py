@@ -1,0 +1,190 @@
+"""The engine: one thread owns the model and decodes every running sequence together.
+
+Continuous batching (Orca, OSDI 2022): the batch is scheduled per step. Between two steps the
+engine drops the sequences that finished or were cancelled, reads the prompts that arrived
+(``RunningBatch.prefill``/``join``; each new sequence samples its first token from its own
+prefill) and then advances every running row by one token in one forward pass
+(``RunningBatch.step``). Requests wait in a bounded queue when ``max_batch`` rows run;
+``submit`` refuses more than ``max_queue`` waiting (``QueueFull``: the server's 429).
+
+Sampling is per row: greedy rows take the argmax of their allowed tokens; a sampling row draws
+with its own seeded generator (``minigpt.sampling.sample_next``), so neither depends on the
+other rows. Logprobs are the model's, over its whole vocabulary, as scoring computes them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+import torch
+
+from minigpt.sampling import sample_next
+from minigpt.serve.batch import RunningBatch
+from minigpt.serve.sequence import Sequence, TokenLogprob, token_logprobs
+
+
+class QueueFull(Exception):
+    """More sequences wait than the engine's ``max_queue``."""
+
+
+class Engine:
+    """Decodes ``Sequence`` objects of ``model`` (placed, in eval mode) in one background
+    thread: ``start``, ``submit``, ``stop``. ``capacity``: the tokens a row may hold (the
+    context)."""
+
+    def __init__(self, model, *, max_batch: int = 16, max_queue: int = 64,
+                 capacity: int | None = None):
+        self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
+        self.batch = RunningBatch(model, capacity or model.kv_cache_capacity())
+        self.waiting: deque[Sequence] = deque()
+        self.steps = 0  # decode steps taken (for tests and logs)
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._joining: list[Sequence] = []  # popped from the queue, not in the batch yet
+        self.error: BaseException | None = None
+
+    @property
+    def running(self) -> int:
+        return len(self.batch)
+
+    def start(self) -> Engine:
+        self._thread = threading.Thread(target=self._run, name="minigpt-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(self, sequences: list[Sequence]) -> None:
+        """Queue ``sequences`` (all or none); ``QueueFull`` when the queue has no room."""
+        with self._wake:
+            if self._stopping or self.error is not None:
+                raise RuntimeError("the engine is stopped")
+            if len(self.waiting) + len(sequences) > self.max_queue:
+                raise QueueFull(f"{len(self.waiting)} requests are waiting (max_queue="
+                                f"{self.max_queue})")
+            self.waiting.extend(sequences)
+            self._wake.notify()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel everything still queued or running and end the thread."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                while self._next_round():
+                    pass
+        except BaseException as e:  # a bug: every request learns of it instead of hanging
+            self.error = e
+            raise
+        finally:
+            for sequence in [*self.batch.owners, *self._joining, *self.waiting]:
+                sequence.abort("cancelled" if self.error is None else "error")
+            self.batch.keep([])
+            self.waiting.clear()
+
+    def _next_round(self) -> bool:
+        """One round: wait for work, drop what left, admit what arrived, take a step. Returns
+        False once stopped."""
+        self._drop_finished()
+        with self._wake:
+            while not self._stopping and not self.waiting and not len(self.batch):
+                self._wake.wait()
+            if self._stopping:
+                return False
+            self._joining = joining = []
+            while self.waiting and len(self.batch) + len(joining) < self.max_batch:
+                sequence = self.waiting.popleft()
+                if not sequence.cancelled:
+                    joining.append(sequence)
+                else:
+                    sequence.abort()
+        if joining:
+            self._admit(joining)
+        self._joining = []
+        if len(self.batch):
+            self._step()
+        return True
+
+    def _drop_finished(self) -> None:
+        for sequence in self.batch.owners:
+            if sequence.cancelled:
+                sequence.abort()
+        self.batch.keep([r for r, s in enumerate(self.batch.owners) if not s.finished])
+
+    def _admit(self, joining: list[Sequence]) -> None:
+        """Read the new prompts (scored ones alone, at every position), sample each one's first
+        token and add the unfinished ones to the batch."""
+        scored = [s for s in joining if s.params.echo and s.params.logprobs is not None]
+        plain = [s for s in joining if s not in scored]
+        for group, all_positions in [*(([s], True) for s in scored), (plain, False)]:
+            if not group:
+                continue
+            logits, cache = self.batch.prefill([s.prompt for s in group],
+                                               all_positions=all_positions)
+            if all_positions:
+                sequence = group[0]
+                sequence.start(self._prompt_logprobs(sequence, logits[0]))
+                logits = logits[:, -1]
+            else:
+                for sequence in group:
+                    sequence.start(None)
+            self._sample(group, logits)
+            rows = [r for r, s in enumerate(group) if not s.finished]
+            if rows:
+                self.batch.join(cache.rows(torch.tensor(rows, device=logits.device))
+                                if len(rows) < len(group) else cache, [group[r] for r in rows])
+
+    def _step(self) -> None:
+        owners = self.batch.owners
+        device = self.batch.cache.seen.device
+        tokens = torch.tensor([[s.tokens[-1]] for s in owners], device=device)  # (B, 1)
+        logits = self.batch.step(tokens)
+        self.steps += 1
+        self._sample(owners, logits)
+
+    def _sample(self, sequences: list[Sequence], logits: torch.Tensor) -> None:
+        """Each unfinished sequence's next token from its row of ``logits`` (B, V)."""
+        live = [r for r, s in enumerate(sequences) if not s.finished]
+        if not live:
+            return
+        allowed = torch.stack([sequences[r].allowed for r in live])  # (R, V)
+        rows = logits[live].float()
+        masked = rows + allowed
+        chosen = masked.argmax(dim=-1)  # (R,)
+        for i, r in enumerate(live):
+            sequence = sequences[r]
+            if not sequence.greedy:
+                p = sequence.params
+                chosen[i] = sample_next(masked[i:i + 1], p.temperature, p.top_k, p.top_p,
+                                        sequence.generator)[0]
+        wanted = [i for i, r in enumerate(live) if sequences[r].params.logprobs is not None]
+        scores = dict(zip(wanted, self._logprobs([sequences[live[i]] for i in wanted],
+                                                 rows[wanted], chosen[wanted]), strict=True)) \
+            if wanted else {}
+        for i, token in enumerate(chosen.tolist()):
+            sequences[live[i]].accept(token, scores.get(i))
+
+    @staticmethod
+    def _logprobs(sequences: list[Sequence], logits, chosen) -> list[TokenLogprob]:
+        top = max(s.params.logprobs for s in sequences)
+        out = token_logprobs(logits, chosen, top, sequences[0].decode)
+        for sequence, entry in zip(sequences, out, strict=True):
+            keep = sequence.params.logprobs
+            entry.top = dict(list(entry.top.items())[:keep]) if entry.top else {}
+        return out
+
+    @staticmethod
+    def _prompt_logprobs(sequence: Sequence, logits: torch.Tensor) -> list[TokenLogprob]:
+        """The prompt's tokens scored by the logits before each (T, V): the first has none."""
+        prompt = torch.tensor(sequence.prompt, device=logits.device)
+        first = TokenLogprob(sequence.decode(sequence.prompt[:1]), None, None)
+        if len(sequence.prompt) == 1:
+            return [first]
+        rest = token_logprobs(logits[:-1], prompt[1:], sequence.params.logprobs,
+                              sequence.decode)
+        return [first, *rest]

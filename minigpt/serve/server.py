@@ -1,0 +1,134 @@
+"""Loading the served model and running uvicorn: ``run(settings)`` is ``python -m minigpt.serve``.
+
+The model is read by ``minigpt.inference.load_for_inference`` (generate.py's loader: a
+checkpoint's weights are data, never code; ``device``/``dtype`` as generate.py reads them) and
+placed as generate.py places its eager decoder. Uvicorn serves until SIGTERM or Ctrl-C: it stops
+accepting, lets the requests in flight finish for ``shutdown_timeout`` seconds, cancels the rest,
+and the process exits 0.
+
+On a GPU the engine decodes eagerly too: a captured step (``minigpt.static_decoding``) needs
+fixed shapes, which a batch that changes every step would get by padding its rows to a few
+bucket sizes; that is the path left open (``Engine`` takes any model-like step).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from minigpt.errors import ConfigError, UserError
+from minigpt.serve.config import ServeSchema, is_loopback, serve_problems
+from minigpt.serve.engine import Engine
+from minigpt.serve.service import Service
+
+API_KEY_ENV = "MINIGPT_API_KEY"
+
+
+def api_key_of(settings: ServeSchema) -> str | None:
+    """The key clients must send: ``api_key=``, else ``$MINIGPT_API_KEY``, else none."""
+    return settings.api_key or os.environ.get(API_KEY_ENV) or None
+
+
+def check_settings(settings: ServeSchema) -> None:
+    """Every bad value at once, and the refusal to serve beyond loopback without a key."""
+    problems = serve_problems(settings)
+    if not problems and not is_loopback(settings.host) and api_key_of(settings) is None:
+        problems.append(f"host={settings.host} serves beyond this machine, so it needs an API "
+                        f"key: set api_key=... or {API_KEY_ENV}, or bind host=127.0.0.1")
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def load_service(settings: ServeSchema) -> Service:
+    """The model of ``settings`` loaded, placed and wrapped with its engine (not started)."""
+    from minigpt.inference import load_for_inference
+
+    check_settings(settings)
+    loaded = load_for_inference(settings.ckpt_path, settings.pretrained,
+                                settings.checkpoints_root, device=settings.device,
+                                dtype=settings.dtype)
+    model = loaded.model
+    if model.config.window is not None:
+        raise UserError(f"{loaded.source} attends with a sliding window (window="
+                        f"{model.config.window}): the server's batch cache holds full "
+                        "attention only; sample it with generate.py")
+    applied = loaded.place(cpu_speedups=settings.cpu_speedups is not False)
+    engine = Engine(model, max_batch=settings.max_batch, max_queue=settings.max_queue)
+    name = settings.model_name or Path(loaded.source).name
+    service = Service(model, loaded.tokenizer, engine, name=name,
+                      template=loaded.chat_template, max_tokens=settings.max_tokens)
+    _info(f"{loaded.describe()}; cpu speedups: {', '.join(applied) or 'none'}; serving it as "
+          f"{name!r} ({'chat template stored' if service.template else 'no chat template'}), "
+          f"up to {settings.max_batch} requests at once")
+    return service
+
+
+def run(settings: ServeSchema) -> None:
+    """Serve until SIGTERM or Ctrl-C (see the module docstring)."""
+    import uvicorn
+
+    from minigpt.serve.app import create_app
+
+    check_settings(settings)
+    service = load_service(settings)
+    app = create_app(service, api_key=api_key_of(settings),
+                     max_body_bytes=settings.max_body_bytes)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port,
+                            timeout_graceful_shutdown=settings.shutdown_timeout,
+                            log_level=settings.log_level, access_log=False)
+    server = uvicorn.Server(config)
+    service.engine.start()
+    try:
+        server.run()
+    finally:
+        service.engine.stop()
+    if service.engine.error is not None:
+        raise service.engine.error
+
+
+class ThreadedServer:
+    """``service`` served by uvicorn in a background thread on a free loopback port, for tests
+    and benchmarks: ``with serve_in_thread(service) as server: server.url``."""
+
+    def __init__(self, service: Service, *, api_key: str | None = None,
+                 max_body_bytes: int = 1_000_000, shutdown_timeout: float = 2.0):
+        import uvicorn
+
+        from minigpt.serve.app import create_app
+
+        self.service = service
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+        app = create_app(service, api_key=api_key, max_body_bytes=max_body_bytes)
+        self.server = uvicorn.Server(uvicorn.Config(
+            app, log_level="warning", access_log=False,
+            timeout_graceful_shutdown=shutdown_timeout))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
+                                       name="minigpt-uvicorn", daemon=True)
+
+    def __enter__(self) -> ThreadedServer:
+        self.service.engine.start()
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("the test server failed to start")
+            threading.Event().wait(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.service.engine.stop()
+        self.socket.close()
+
+
+serve_in_thread = ThreadedServer
+
+
+def _info(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

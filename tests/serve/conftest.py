@@ -1,0 +1,75 @@
+"""Fixtures of the server tests: tiny checkpoints (a chat model with its template, a base model
+without one) and the server running them in this process on a free loopback port."""
+
+from __future__ import annotations
+
+import pytest
+from chat_helpers import char_tokenizer, chat_template, save_chat_checkpoint, tiny_chat_model
+
+from minigpt.serve.config import ServeSchema
+from minigpt.serve.server import load_service, serve_in_thread
+
+CONTEXT = 96
+
+
+@pytest.fixture(scope="session")
+def chat_checkpoint(tmp_path_factory):
+    """A tiny character-level model (2 layers, 32 dims, context 96) with a chat template."""
+    tokenizer = char_tokenizer()
+    path = tmp_path_factory.mktemp("serve") / "chat.ckpt"
+    return save_chat_checkpoint(path, tiny_chat_model(CONTEXT, seed=1), tokenizer,
+                                chat_template(tokenizer))
+
+
+@pytest.fixture(scope="session")
+def base_checkpoint(tmp_path_factory):
+    """The same shape without a chat template (a base model)."""
+    path = tmp_path_factory.mktemp("serve") / "base.ckpt"
+    return save_chat_checkpoint(path, tiny_chat_model(CONTEXT, seed=2), char_tokenizer())
+
+
+def settings_for(checkpoint, **overrides) -> ServeSchema:
+    """Serve settings for a test: the CPU, float32 (so outputs match in-process references)."""
+    return ServeSchema(ckpt_path=str(checkpoint), device="cpu", dtype="float32", port=0,
+                       **overrides)
+
+
+@pytest.fixture
+def start_server():
+    """``start_server(checkpoint, api_key=None, **settings) -> ThreadedServer`` (``.url``,
+    ``.service``); every server started is stopped after the test."""
+    servers = []
+
+    def start(checkpoint, *, api_key=None, max_body_bytes=1_000_000, **overrides):
+        service = load_service(settings_for(checkpoint, **overrides))
+        server = serve_in_thread(service, api_key=api_key, max_body_bytes=max_body_bytes)
+        servers.append(server.__enter__())
+        return server
+
+    yield start
+    for server in reversed(servers):
+        server.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def _chat_server(chat_checkpoint):
+    with serve_in_thread(load_service(settings_for(chat_checkpoint))) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def _base_server(base_checkpoint):
+    with serve_in_thread(load_service(settings_for(base_checkpoint))) as server:
+        yield server
+
+
+@pytest.fixture
+def server_url(_chat_server) -> str:
+    """``http://127.0.0.1:PORT`` of the chat model, shared by a test module."""
+    return _chat_server.url
+
+
+@pytest.fixture
+def base_server_url(_base_server) -> str:
+    """``http://127.0.0.1:PORT`` of the base model, shared by a test module."""
+    return _base_server.url
