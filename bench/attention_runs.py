@@ -3,8 +3,8 @@
     python train.py -m experiment=attention_variants          # one toy run per attention variant
     python -m bench.attention_runs outputs/attention_variants/<time> --out attention_runs.png
 
-Give run directories (Hydra's: ``config.yaml``, ``summary.json``, ``checkpoints/last.ckpt`` and a
-CSV or wandb log) or a sweep directory holding them (in the order they finished). Per run:
+Give run directories (Hydra's: ``config.yaml``, ``summary.json``, ``checkpoints/last.ckpt`` and
+``csv/metrics.csv``) or a sweep directory holding them (in the order they finished). Per run:
 
 * final val/loss (``summary.json``) and its difference from the baseline run (``--baseline``:
   the run named gpt2, else the first); the table says which runs miss it by more than

@@ -140,7 +140,7 @@ class WandbRun(Logger):
     @rank_zero_only
     def log_metrics(self, metrics: dict, step: int | None = None) -> None:
         if self.run is not None:
-            self.run.log({**metrics, "trainer/global_step": step})  # minigpt.viz reads it
+            self.run.log({**metrics, "trainer/global_step": step})  # Lightning's step key
 
     @rank_zero_only
     def log_samples(self, rows: list[list]) -> None:

@@ -2,7 +2,7 @@
 
 * ``attention_maps(model, idx)``: every layer's attention weights for a prompt (torch only);
   ``plot_attention`` draws one heatmap per head of a layer, or one per layer (mean of heads).
-* ``load_run(run_dir)`` reads a run's metrics from Lightning's CSV log or wandb's offline file;
+* ``load_run(run_dir)`` reads a run's metrics from the CSV log every logging run writes;
   ``plot_runs`` draws loss against tokens seen, the learning rate and tokens/s for several runs.
 
 Command line: ``python -m minigpt.viz attention ...`` and ``python -m minigpt.viz runs ...``

@@ -1,38 +1,29 @@
 """Run plots: a run directory's logged metrics -> one PNG comparing several runs.
 
-Two log formats are read, both written by a normal ``python train.py``:
+The log read is the CSV every logging run writes (``logger=csv`` and ``logger=wandb`` alike,
+``minigpt.train.loggers``): ``csv/metrics.csv``, one row per logging call, blank cells for the
+metrics not logged in that call; Lightning's own ``CSVLogger`` writes the same format.
 
-* ``logger=csv``: Lightning's ``CSVLogger`` file ``metrics.csv`` (one row per logging call; blank
-  cells for metrics not logged in that call).
-* ``logger=wandb`` in offline mode: ``wandb/offline-run-*/run-*.wandb``. wandb 0.31 writes no
-  history JSON offline, only this record log: LevelDB's log format (32 KiB blocks of
-  checksum/length/type-framed chunks after a 7-byte ``:W&B`` header) holding protobuf
-  ``Record``s. We read its ``history`` records with the protobuf classes wandb ships; this is
-  wandb's internal format, so the CSV log is the one to rely on. (wandb's service process
-  writes the file asynchronously: its last records can land a moment after the run ends.)
-
-Everything is found by searching the run directory, so a Hydra run dir, a Lightning log dir or
-the wandb run dir itself all work. A resumed run that logged into several ``version_*`` folders
-is merged, later values winning for a repeated step.
+Everything is found by searching the run directory, so a Hydra run dir, a log dir or the CSV
+itself all work. A run that logged into several ``version_*`` folders (Lightning's layout) is
+merged, later values winning for a repeated step.
 """
 
 from __future__ import annotations
 
 import csv
-import json
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-# The names minigpt.train.lit logs come first (first match wins); the others cover hand-made logs.
+# The names a run of train.py logs come first (first match wins); the others cover hand-made logs.
 TOKENS = ("tokens", "train/tokens", "tokens_seen")
 TRAIN_LOSS = ("train/loss",)
 VAL_LOSS = ("val/loss",)
 LR = ("lr", "train/lr")
 TOKENS_PER_SEC = ("tokens_per_s", "train/tokens_per_s", "tokens_per_sec")
-STEP_KEYS = ("step", "trainer/global_step", "_step")  # CSVLogger, WandbLogger, wandb itself
+STEP = "step"
 
 FIGSIZE = (16.0, 4.8)  # inches; three panels side by side
 DPI = 100
@@ -72,7 +63,7 @@ class Run:
 
 
 def find_logs(run_dir: str | Path) -> list[Path]:
-    """The metric logs under ``run_dir``: its ``metrics.csv`` files if any, else its wandb files.
+    """The ``metrics.csv`` files under ``run_dir`` (or ``run_dir`` itself if it is a file).
 
     Raises ``FileNotFoundError`` naming the directory when there are none, and ``ValueError``
     when the directory holds several Hydra runs (pass them one by one).
@@ -92,12 +83,13 @@ def find_logs(run_dir: str | Path) -> list[Path]:
     csvs = sorted(root.rglob("metrics.csv"), key=_version_order)
     if csvs:
         return csvs
-    wandb_files = sorted(root.rglob("run-*.wandb"))
-    if wandb_files:
-        return wandb_files
+    if any(root.rglob("*.wandb")):  # logger=wandb once wrote wandb's files alone
+        raise FileNotFoundError(
+            f"no metrics.csv under {root}, only wandb's run file: minigpt.viz plots the CSV "
+            "log; see this run in wandb (`wandb sync` it) or train again with logger=csv"
+        )
     raise FileNotFoundError(
-        f"no metrics.csv or wandb run file under {root}; train with logger=csv (or logger=wandb, "
-        "offline) to get one"
+        f"no metrics.csv under {root}; train with logger=csv (or logger=wandb) to get one"
     )
 
 
@@ -106,13 +98,12 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
     merged: dict[str, dict[float, float]] = {}
     sources = find_logs(run_dir)
     for path in sources:
-        rows = read_wandb(path) if path.suffix == ".wandb" else read_csv(path)
-        for row in rows:
-            step = next((row[k] for k in STEP_KEYS if k in row), None)
+        for row in read_csv(path):
+            step = row.get(STEP)
             if step is None:
                 continue
             for key, value in row.items():
-                if key not in STEP_KEYS and key != "epoch" and not key.startswith("_"):
+                if key not in (STEP, "epoch"):
                     merged.setdefault(key, {})[step] = value
     run = Run(name or str(run_dir), sources)
     for key, by_step in merged.items():
@@ -122,7 +113,7 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
 
 
 def read_csv(path: str | Path) -> list[dict[str, float]]:
-    """The numeric cells of each row of a ``CSVLogger`` ``metrics.csv`` (blank cells skipped)."""
+    """The numeric cells of each row of a ``metrics.csv`` (blank cells skipped)."""
     rows = []
     with open(path, newline="") as f:
         for record in csv.DictReader(f):
@@ -133,58 +124,6 @@ def read_csv(path: str | Path) -> list[dict[str, float]]:
                     row[key] = value
             rows.append(row)
     return rows
-
-
-def read_wandb(path: str | Path) -> list[dict[str, float]]:
-    """The numeric values of each ``history`` record (one ``wandb.log`` call) of a ``.wandb`` file.
-
-    Stops quietly at a truncated tail (a run still writing, or killed mid-record).
-    """
-    from wandb.proto import wandb_internal_pb2
-
-    rows = []
-    for data in _leveldb_records(Path(path).read_bytes(), path):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(data)
-        if record.WhichOneof("record_type") != "history":
-            continue
-        row = {}
-        for item in record.history.item:
-            key = item.key or "/".join(item.nested_key)
-            value = json.loads(item.value_json)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                row[key] = float(value)
-        rows.append(row)
-    return rows
-
-
-_WANDB_HEADER = b":W&B"
-_BLOCK = 32768
-_CHUNK_HEADER = struct.Struct("<IHB")  # checksum, length, type (1 full, 2 first, 3 middle, 4 last)
-
-
-def _leveldb_records(data: bytes, path) -> list[bytes]:
-    if data[:4] != _WANDB_HEADER:
-        raise ValueError(f"{path} is not a wandb run file (no ':W&B' header)")
-    records, pending, pos = [], b"", 7
-    while pos + _CHUNK_HEADER.size <= len(data):
-        left_in_block = _BLOCK - pos % _BLOCK
-        if left_in_block < _CHUNK_HEADER.size:  # block trailer: zero padding
-            pos += left_in_block
-            continue
-        _, length, kind = _CHUNK_HEADER.unpack_from(data, pos)
-        pos += _CHUNK_HEADER.size
-        if pos + length > len(data):
-            break  # truncated tail
-        chunk, pos = data[pos : pos + length], pos + length
-        if kind in (1, 2):
-            pending = chunk
-        elif kind in (3, 4):
-            pending += chunk
-        if kind in (1, 4):
-            records.append(pending)
-            pending = b""
-    return records
 
 
 def plot_runs(runs: list[Run], path: str | Path, title: str | None = None) -> tuple[int, int]:
