@@ -29,9 +29,9 @@ from lightning.fabric import Fabric
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from minigpt.checkpoint.format import BEST, LAST, METADATA_KEY, checkpoint_metadata
+from minigpt.checkpoint.rng import rng_state
 from minigpt.errors import UserError
 from minigpt.files import disk_full_error, out_of_space
-from minigpt.train.rng import rng_state
 
 
 class CheckpointWriteError(UserError, OSError):

@@ -7,17 +7,57 @@ dataclass, once; ``train_problems`` lists every bad value of a training config, 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from minigpt.config.reports import check_keys
-from minigpt.config.schema import EvalCommandSchema, GenerateSchema, TrainSchema, VizSchema
+from minigpt.config.schema import (
+    ActivationCheckpointing,
+    EvalCommandSchema,
+    GenerateSchema,
+    TrainSchema,
+    VizSchema,
+)
 from minigpt.data.config import DATA_RULES, POSITIVE_INTEGER
 from minigpt.devices import DTYPES
-from minigpt.eval.registry import TASKS
+from minigpt.errors import ConfigError
 from minigpt.field_rules import OneOf, Range, Rule, Satisfies, field_problems
 from minigpt.model import GPT_CONFIG_RULES
-from minigpt.train.activation_checkpointing import ActivationCheckpointing
-from minigpt.train.batch_size import BUDGET_WORDS, is_memory_budget
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)
+BUDGET_WORDS = "bytes (an integer) or a size such as 8GB, 12GiB, 512MB"
+
+
+def parse_memory_budget(value) -> int | None:
+    """``trainer.memory_budget`` in bytes: ``None`` (no budget), a positive integer of bytes, or
+    a string such as ``"8GB"`` (10**9), ``"12GiB"`` (2**30), ``"1.5 TB"``. A ``ConfigError``
+    naming the value otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number, unit = value, ""
+    else:
+        match = _SIZE.fullmatch(value) if isinstance(value, str) else None
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ConfigError(f"trainer.memory_budget={value!r} must be {BUDGET_WORDS}")
+        number, unit = float(match.group(1)), match.group(2).lower()
+    size = int(number * _UNITS[unit])
+    if size <= 0:
+        raise ConfigError(f"trainer.memory_budget={value!r} must be {BUDGET_WORDS}, above 0")
+    return size
+
+
+def is_memory_budget(value) -> bool:
+    """Whether ``parse_memory_budget`` takes ``value`` (the config rule)."""
+    try:
+        parse_memory_budget(value)
+    except ConfigError:
+        return False
+    return True
+
 
 POSITIVE = Range(0, low_open=True)
 AT_LEAST_0, AT_LEAST_1 = Range(0), Range(1)
@@ -86,10 +126,8 @@ GENERATE_RULES: dict[str, Rule] = {
     "decoder": OneOf(("auto", "eager", "compiled")),
     "chat_template": OneOf(("default",)),
 }
-EVAL_COMMAND_RULES: dict[str, Rule] = {
-    "task": Satisfies(lambda t: t in ("harness", *TASKS) or isinstance(t, str)
-                      and "." in t.strip("."), f"one of {', '.join(TASKS)}, harness, or the "
-                      "dotted path of a minigpt.eval.task.Task subclass"), "dtype": OneOf(DTYPES),
+EVAL_COMMAND_RULES: dict[str, Rule] = {  # task: minigpt.eval.registry.TASK_RULE
+    "dtype": OneOf(DTYPES),
     "batch_size": AT_LEAST_1, "max_gen_toks": AT_LEAST_1, "limit": AT_LEAST_1,
     "num_fewshot": AT_LEAST_0, "chat_template": OneOf(("default",)),
 }
@@ -115,9 +153,10 @@ def typed(cfg: Any, schema: type):
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
 
 
-def settings_problems(settings) -> list[str]:
-    """Every value of a typed command config that does not fit its type or its rule."""
-    return field_problems(settings, RULES[type(settings)])
+def settings_problems(settings, rules: dict[str, Rule] | None = None) -> list[str]:
+    """Every value of a typed command config that does not fit its type or its rule (``rules``:
+    a command's own besides the table's, e.g. the evaluation's task names)."""
+    return field_problems(settings, {**RULES[type(settings)], **(rules or {})})
 
 
 def train_problems(train: TrainSchema) -> list[str]:

@@ -10,12 +10,21 @@ hands the objects down; ``minigpt.config.rules`` checks their values.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from minigpt.data.config import DataConfig
 from minigpt.model import GPTConfig
-from minigpt.train.activation_checkpointing import ActivationCheckpointing
+
+
+class ActivationCheckpointing(str, enum.Enum):
+    """``trainer.activation_checkpointing``'s values (a ``str``: ``mode == "blocks"`` holds);
+    ``minigpt.train.activation_checkpointing`` says what each recomputes."""
+
+    none = "none"
+    blocks = "blocks"
+    selective = "selective"
 
 
 @dataclass

@@ -109,7 +109,9 @@ def _task_list(tasks) -> list[str]:
 
 def _check_options(cfg: EvalCommandSchema) -> None:
     """Every bad value at once: the schema's types and rules, then the rules across fields."""
-    problems = settings_problems(cfg)
+    from minigpt.eval.registry import TASK_RULE
+
+    problems = settings_problems(cfg, {"task": TASK_RULE})
     if cfg.ckpt_path is not None and cfg.pretrained is not None:
         problems.append("give ckpt_path or pretrained, not both")
     if cfg.task != "harness" and cfg.tasks is not None:

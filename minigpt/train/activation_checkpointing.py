@@ -18,20 +18,13 @@ between modes. A call without gradients (sampling, evaluation, decoding) runs th
 
 from __future__ import annotations
 
-import enum
 import functools
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
-
-class ActivationCheckpointing(str, enum.Enum):
-    """``trainer.activation_checkpointing``'s values (a ``str``: ``mode == "blocks"`` holds)."""
-
-    none = "none"
-    blocks = "blocks"
-    selective = "selective"
+from minigpt.config.schema import ActivationCheckpointing
 
 
 def _ops(*names: str) -> tuple:

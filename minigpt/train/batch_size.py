@@ -10,47 +10,10 @@ is the preflight's estimate against the memory, on CUDA a real training step at 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
-from minigpt.errors import ConfigError
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
-          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
-          "tib": 2**40}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)
-BUDGET_WORDS = "bytes (an integer) or a size such as 8GB, 12GiB, 512MB"
-
-
-def parse_memory_budget(value) -> int | None:
-    """``trainer.memory_budget`` in bytes: ``None`` (no budget), a positive integer of bytes, or
-    a string such as ``"8GB"`` (10**9), ``"12GiB"`` (2**30), ``"1.5 TB"``. A ``ConfigError``
-    naming the value otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        number, unit = value, ""
-    else:
-        match = _SIZE.fullmatch(value) if isinstance(value, str) else None
-        if match is None or match.group(2).lower() not in _UNITS:
-            raise ConfigError(f"trainer.memory_budget={value!r} must be {BUDGET_WORDS}")
-        number, unit = float(match.group(1)), match.group(2).lower()
-    size = int(number * _UNITS[unit])
-    if size <= 0:
-        raise ConfigError(f"trainer.memory_budget={value!r} must be {BUDGET_WORDS}, above 0")
-    return size
-
-
-def is_memory_budget(value) -> bool:
-    """Whether ``parse_memory_budget`` takes ``value`` (the config rule)."""
-    try:
-        parse_memory_budget(value)
-    except ConfigError:
-        return False
-    return True
 
 
 def cgroup_memory_left(root: str | Path = "/sys/fs/cgroup") -> int | None:

@@ -25,6 +25,7 @@ from torch import nn
 from tqdm import tqdm
 
 from minigpt.checkpoint.format import BEST, LAST
+from minigpt.checkpoint.rng import set_rng_state
 from minigpt.checkpoint.write import CheckpointFiles, training_state
 from minigpt.config import TrainSchema
 from minigpt.cpu.blocks import compile_training_forward, is_compiled_for_training
@@ -35,7 +36,6 @@ from minigpt.model import GPT, IGNORE_INDEX
 from minigpt.train.device import peak_flops
 from minigpt.train.interrupt import StopRequest
 from minigpt.train.plan import RunPlan
-from minigpt.train.rng import set_rng_state
 from minigpt.train.sample import Sampler, gathered_parameters
 from minigpt.window import follow_window_schedule
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from minigpt.config import TrainerSchema, TrainSchema
+from minigpt.config.rules import parse_memory_budget
+from minigpt.config.schema import ActivationCheckpointing
 from minigpt.errors import ConfigError
-from minigpt.train.activation_checkpointing import ActivationCheckpointing
-from minigpt.train.batch_size import parse_memory_budget
 from minigpt.train.device import compile_enabled, default_precision, resolve_accelerator
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from minigpt.config.schema import ActivationCheckpointing
 from minigpt.errors import ResourceError
 from minigpt.model import GPTConfig
-from minigpt.train.activation_checkpointing import ActivationCheckpointing
 from minigpt.train.batch_size import (
     cgroup_memory_left,
     largest_divisor_at_most,

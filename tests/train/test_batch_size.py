@@ -10,13 +10,13 @@ import weakref
 import pytest
 import torch
 
+from minigpt.config.rules import parse_memory_budget
 from minigpt.errors import ConfigError
 from minigpt.train.batch_size import (
     cgroup_memory_left,
     fits_when_tried,
     largest_divisor_at_most,
     largest_that_fits,
-    parse_memory_budget,
     within_budget,
 )
 

@@ -1,10 +1,10 @@
-"""minigpt.train.rng: the RNG state of this process's device only, restorable on any layout."""
+"""minigpt.checkpoint.rng: the RNG state of this process's device only, restorable on any layout."""
 
 import random
 
 import torch
 
-from minigpt.train import rng
+from minigpt.checkpoint import rng
 
 
 def test_round_trip_restores_python_numpy_and_torch():
