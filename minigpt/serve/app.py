@@ -213,7 +213,7 @@ def _add_error_handlers(app: FastAPI) -> None:
             message = f"{'.'.join(loc) or 'body'}: {first.get('msg')}"
             if "input" in first and loc:
                 message += f" (got {json.dumps(first['input'], default=str)[:80]})"
-        return JSONResponse(error_body(message, "invalid_request_error", ".".join(loc) or None),
+        return JSONResponse(error_body(message, "invalid_request_error", loc[0] if loc else None),
                             status_code=400)
 
     @app.exception_handler(HTTPException)

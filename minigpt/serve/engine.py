@@ -39,6 +39,8 @@ class Engine:
         self.batch = RunningBatch(model, capacity or model.kv_cache_capacity())
         self.waiting: deque[Sequence] = deque()
         self.steps = 0  # decode steps taken (for tests and logs)
+        self.largest_batch = 0  # the most rows one step decoded
+        self.cancelled = 0  # sequences dropped because their client went away
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -102,7 +104,7 @@ class Engine:
                 if not sequence.cancelled:
                     joining.append(sequence)
                 else:
-                    sequence.abort()
+                    self._drop(sequence)
         if joining:
             self._admit(joining)
         self._joining = []
@@ -112,9 +114,13 @@ class Engine:
 
     def _drop_finished(self) -> None:
         for sequence in self.batch.owners:
-            if sequence.cancelled:
-                sequence.abort()
+            if sequence.cancelled and not sequence.finished:
+                self._drop(sequence)
         self.batch.keep([r for r, s in enumerate(self.batch.owners) if not s.finished])
+
+    def _drop(self, sequence: Sequence) -> None:
+        sequence.abort()
+        self.cancelled += 1
 
     def _admit(self, joining: list[Sequence]) -> None:
         """Read the new prompts (scored ones alone, at every position), sample each one's first
@@ -145,6 +151,7 @@ class Engine:
         tokens = torch.tensor([[s.tokens[-1]] for s in owners], device=device)  # (B, 1)
         logits = self.batch.step(tokens)
         self.steps += 1
+        self.largest_batch = max(self.largest_batch, len(owners))
         self._sample(owners, logits)
 
     def _sample(self, sequences: list[Sequence], logits: torch.Tensor) -> None:

@@ -14,6 +14,7 @@ bucket sizes; that is the path left open (``Engine`` takes any model-like step).
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import threading
@@ -80,6 +81,9 @@ def run(settings: ServeSchema) -> None:
                             timeout_graceful_shutdown=settings.shutdown_timeout,
                             log_level=settings.log_level, access_log=False)
     server = uvicorn.Server(config)
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler
+    # it found: this one, so that a requested stop exits 0
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     service.engine.start()
     try:
         server.run()

@@ -52,24 +52,26 @@ def start_server():
 
 
 @pytest.fixture(scope="module")
-def _chat_server(chat_checkpoint):
+def chat_server(chat_checkpoint):
+    """The chat model served (a ``ThreadedServer``: ``.url``, ``.service``), per test module."""
     with serve_in_thread(load_service(settings_for(chat_checkpoint))) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def _base_server(base_checkpoint):
+def base_server(base_checkpoint):
+    """The base model served, per test module."""
     with serve_in_thread(load_service(settings_for(base_checkpoint))) as server:
         yield server
 
 
 @pytest.fixture
-def server_url(_chat_server) -> str:
+def server_url(chat_server) -> str:
     """``http://127.0.0.1:PORT`` of the chat model, shared by a test module."""
-    return _chat_server.url
+    return chat_server.url
 
 
 @pytest.fixture
-def base_server_url(_base_server) -> str:
+def base_server_url(base_server) -> str:
     """``http://127.0.0.1:PORT`` of the base model, shared by a test module."""
-    return _base_server.url
+    return base_server.url

@@ -1,0 +1,50 @@
+"""Greedy text from /v1/completions equals ``generate.py temperature=0`` (generate's own code
+path, run here on the same checkpoint and prompt), alone and as one of 8 concurrent requests
+with different prompts and lengths."""
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from generate import run as generate_run
+from minigpt.config import GenerateSchema
+
+PROMPTS = ["the cat", "1+1=", "hello there, how are", "a", "zebra crossing ", "42",
+           "why?", "so it goes. and so"]
+LENGTHS = [12, 5, 20, 9, 16, 7, 3, 14]
+
+
+def generate_py(checkpoint, prompt: str, max_new_tokens: int) -> str:
+    """What ``python generate.py ckpt_path=... prompt=... temperature=0`` prints, less the
+    prompt."""
+    cfg = GenerateSchema(ckpt_path=str(checkpoint), prompt=prompt, temperature=0,
+                         max_new_tokens=max_new_tokens, device="cpu", dtype="float32",
+                         stream=False)
+    [sample] = generate_run(cfg, out=io.StringIO())
+    return sample[len(prompt):]
+
+
+def complete(url: str, prompt: str, max_tokens: int) -> dict:
+    response = httpx.post(f"{url}/v1/completions", timeout=60, json={
+        "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_greedy_alone_and_in_a_batch_equal_generate_py(base_checkpoint, base_server):
+    base_server_url = base_server.url
+    expected = [generate_py(base_checkpoint, p, n) for p, n in zip(PROMPTS, LENGTHS,
+                                                                     strict=True)]
+    alone = complete(base_server_url, PROMPTS[2], LENGTHS[2])
+    assert alone["choices"][0]["text"] == expected[2]
+    assert alone["usage"]["prompt_tokens"] == len(PROMPTS[2])
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda a: complete(base_server_url, *a),
+                                 zip(PROMPTS, LENGTHS, strict=True)))
+    assert [r["choices"][0]["text"] for r in together] == expected
+    assert base_server.service.engine.largest_batch > 1  # they did decode together
+    for r, n in zip(together, LENGTHS, strict=True):  # stopped by end-of-text, or full length
+        assert r["usage"]["completion_tokens"] <= n
+        assert (r["choices"][0]["finish_reason"] == "length") == \
+            (r["usage"]["completion_tokens"] == n)
