@@ -1,5 +1,14 @@
 """Ctrl-C and SIGTERM: finish the step, save ``last.ckpt``, exit 130 / 143. A second Ctrl-C
-exits at once, leaving the last complete checkpoint as it was.
+ends the process at once, whatever the main thread is inside, leaving the last complete
+checkpoint as it was (checkpoints are written under a temporary name and renamed).
+
+Python runs a signal handler only between bytecodes of the main thread, so a Ctrl-C during a
+native call (a backward pass of minutes) waits for the call to return. Two things make the
+second one immediate: the first one's handler gives SIGINT back to the operating system
+(``SIG_DFL``: the next one kills the process), and ``signal.set_wakeup_fd`` hands every signal
+number to a watcher thread the moment the signal arrives; it announces the first Ctrl-C and ends
+the process (``os._exit``) at the second, while the main thread is still in the call (torch
+releases the GIL inside its operations).
 
 Schedulers (SLURM, Kubernetes, torchrun) send SIGTERM to every process; a terminal sends Ctrl-C
 to every process of the foreground group. The processes may notice it at different steps, so
@@ -9,7 +18,10 @@ that never waits on the GPU, and all stop at the same step."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -35,17 +47,25 @@ class StopRequest:
             previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         except ValueError:  # not the main thread (a notebook worker): keep the defaults
             previous = {}
+        watcher = InterruptWatcher(self._first_ctrl_c) if previous else None
         try:
             yield self
         finally:
+            if watcher is not None:
+                watcher.close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
-    def _on_signal(self, signum, frame):
-        if signum == signal.SIGINT:
+    def _first_ctrl_c(self) -> None:
+        """The watcher thread's news of a first Ctrl-C, before the main thread can act on it."""
+        if self.signal_name != "Ctrl-C":
             self.signal_name = "Ctrl-C"
             rank_zero_info("\nCtrl-C: saving a checkpoint after this step (Ctrl-C again to abort)")
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def _on_signal(self, signum, frame):
+        if signum == signal.SIGINT:
+            self._first_ctrl_c()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # the next one: the OS ends the process
         else:
             self.signal_name = self.signal_name or "SIGTERM"
 
@@ -62,3 +82,68 @@ class StopRequest:
     @property
     def exit_code(self) -> int:
         return EXIT_CODES[self.signal_name or "SIGTERM"]
+
+
+ABORTED = (b"\nCtrl-C again: stopped at once; the last complete checkpoint is as it was (resume "
+           b"from it with ckpt_path=)\n")
+
+
+class InterruptWatcher:
+    """A thread told of every signal the moment it arrives (``signal.set_wakeup_fd``, written
+    by Python's C-level handler even while the main thread is inside a native call): calls
+    ``on_first`` at the first SIGINT and ends the process with exit code 130 at the second.
+    Make it in the main thread, with a Python handler installed for SIGINT; ``close()`` gives
+    the wakeup fd back. Processes forked meanwhile (DataLoader workers) do not write to it."""
+
+    def __init__(self, on_first):
+        global _fork_hook
+        if not _fork_hook:
+            os.register_at_fork(after_in_child=_forget_in_child)
+            _fork_hook = True
+        self._on_first = on_first
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)  # set_wakeup_fd needs it: a signal never blocks
+        self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        _watched.append(self)
+        self._thread = threading.Thread(target=self._watch, name="second-ctrl-c", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        interrupts = 0
+        while True:
+            for signum in os.read(self._read, 64):
+                if signum == _CLOSE:
+                    return
+                if signum != signal.SIGINT:
+                    continue
+                interrupts += 1
+                if interrupts == 1:
+                    self._on_first()
+                else:
+                    os.write(sys.stderr.fileno(), ABORTED)
+                    os._exit(EXIT_CODES["Ctrl-C"])
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self._previous)
+        _watched.remove(self)
+        os.set_blocking(self._write, True)
+        os.write(self._write, bytes([_CLOSE]))
+        self._thread.join()
+        os.close(self._write)
+        os.close(self._read)
+
+
+_CLOSE = 0  # no signal has number 0
+_watched: list[InterruptWatcher] = []
+_fork_hook = False
+
+
+def _forget_in_child() -> None:
+    """A forked child (a DataLoader worker gets the same Ctrl-C) must not count as a second."""
+    if _watched:
+        with contextlib.suppress(ValueError):
+            signal.set_wakeup_fd(-1)
+        for watcher in _watched:
+            os.close(watcher._read)
+            os.close(watcher._write)
+        _watched.clear()
