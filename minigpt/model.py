@@ -2,7 +2,8 @@
 
 The block options of the modern recipe (RMSNorm, QK-norm, ReLU², an untied zero-initialized
 head, zero-initialized output projections, a tanh soft-cap on the logits, value embeddings) are
-``GPTConfig`` fields, each off by default, so ``GPTConfig()`` is GPT-2 exactly.
+``GPTConfig`` fields, each off by default, so ``GPTConfig()`` is GPT-2 exactly. The layers come
+first, then ``GPTConfig`` and ``GPT``; the config's value rules close the module.
 
 Imports torch only: no Lightning, Hydra or wandb here, so the model can be used on its own.
 Shape letters: B batch, T tokens, C = n_embd, V = vocab_size.
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from minigpt import sampling
 from minigpt.attention import MultiHeadAttention, check_context_fits, check_kv_heads
 from minigpt.documents import check_document_ids, document_positions
 from minigpt.field_rules import OneOf, Range, field_problems
@@ -25,107 +27,6 @@ from minigpt.rope import check_rope_head_dim
 from minigpt.window import check_window_schedule
 
 IGNORE_INDEX = -100  # a target that does not count in the loss (F.cross_entropy's default)
-POSITIONS = ("learned", "rope")
-NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "relu2")
-POSITIVE = Range(0, low_open=True)
-# The one table of GPTConfig's single-field rules (its types come from the annotations); the
-# training config's model.* checks are these too (minigpt.config.rules).
-GPT_CONFIG_RULES = {
-    **dict.fromkeys(("vocab_size", "context_length", "n_layer", "n_head", "n_embd", "window"),
-                    Range(1)),
-    "dropout": Range(0, 1, high_open=True),
-    **dict.fromkeys(("layer_norm_eps", "init_std", "rope_theta", "logit_softcap"), POSITIVE),
-    "position": OneOf(POSITIONS), "norm": OneOf(NORMS), "mlp": OneOf(MLPS),
-}
-
-
-@dataclass
-class GPTConfig:
-    """Everything needed to rebuild a model; stored in checkpoints as a plain dict."""
-
-    vocab_size: int = 50257
-    context_length: int = 1024
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True  # biases in Linear and LayerNorm layers, as GPT-2
-    qkv_bias: bool = True  # GPT-2 has a QKV bias; the book trains from scratch without one
-    layer_norm_eps: float = 1e-5
-    init_std: float = 0.02
-    # The attention variants (the defaults are GPT-2's block; see minigpt.attention):
-    num_kv_heads: int | None = None  # key/value heads (grouped-query); None: n_head
-    position: str = "learned"  # learned: a position table (GPT-2); rope: rotary embeddings
-    rope_theta: float = 10000.0  # rope's base wavelength
-    window: int | None = None  # each token attends to its last `window` tokens; None: all
-    # A window growing over training (minigpt.window): the window of each equal share of the
-    # steps, growing, the last the full context_length, e.g. [128, 256, 384, 512]; None: no schedule
-    window_schedule: list[int] | None = None
-    # The block options of the modern recipe (the defaults are GPT-2's):
-    norm: str = "layernorm"  # layernorm (GPT-2) | rmsnorm: both block norms and the final one
-    qk_norm: bool = False  # queries and keys scaled to unit RMS per head before attending
-    mlp: str = "gelu"  # gelu (tanh approximation, GPT-2) | relu2: relu(x)**2
-    tie_head: bool = True  # the LM head is the token embedding; False: its own, zero-initialized
-    zero_init_proj: bool = False  # attention output and MLP down projections start at zero
-    logit_softcap: float | None = None  # logits = cap * tanh(logits / cap); None: no cap
-    value_embeddings: bool = False  # every other layer adds a token-indexed table to its values
-    # Training on packed rows of documents (minigpt.documents): rows come with document_ids, a
-    # token attends only within its document, positions restart at each; decoding is unchanged
-    document_mask: bool = False
-
-    def __post_init__(self):
-        problems = self.problems()
-        if problems:
-            raise ValueError("GPTConfig: " + "; ".join(problems))
-
-    def problems(self) -> list[str]:
-        """Every bad value, one phrase each: each field against its type and
-        ``GPT_CONFIG_RULES``, then the rules that span fields."""
-        return field_problems(self, GPT_CONFIG_RULES) + self.spanning_problems()
-
-    def spanning_problems(self) -> list[str]:
-        """The rules across fields: heads divide the width, key/value heads divide the heads,
-        rope's head dimension is even (each once the sizes it needs are valid), a window
-        schedule grows to the full context."""
-        problems = [check_window_schedule(self.window_schedule, self.context_length, self.window)]
-        sizes = (self.n_head, self.n_embd)
-        if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
-            return [p for p in problems if p]
-        problems.append(check_kv_heads(self.num_kv_heads, self.n_head)
-                        if self.num_kv_heads is not None else None)
-        if self.n_embd % self.n_head != 0:
-            problems.append(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        elif self.position == "rope":
-            problems.append(check_rope_head_dim(self.n_embd // self.n_head))
-        return [p for p in problems if p]
-
-    @property
-    def kv_heads(self) -> int:
-        """Key/value heads per layer (``n_head`` unless grouped)."""
-        return self.n_head if self.num_kv_heads is None else self.num_kv_heads
-
-    @property
-    def value_embedding_layers(self) -> tuple[int, ...]:
-        """The layers with a value embedding: every other one, counted back from the last (the
-        placement nanochat uses), so a model of L layers has (L + 1) // 2 tables."""
-        if not self.value_embeddings:
-            return ()
-        return tuple(range(self.n_layer - 1, -1, -2))[::-1]
-
-    @classmethod
-    def from_dict(cls, values: dict) -> GPTConfig:
-        """Build from a mapping (a Hydra section, a checkpoint), naming unknown keys."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(
-                f"GPTConfig: unknown field(s) {unknown}; valid fields are {sorted(known)}"
-            )
-        return cls(**dict(values))
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def gelu_tanh(x: Tensor) -> Tensor:
@@ -215,6 +116,111 @@ class Block(nn.Module):
         x = x + self.drop(self.attn(self.norm1(x), key_padding_mask, kv_cache, position_ids,
                                     value_embedding, document_ids))
         return x + self.drop(self.mlp(self.norm2(x)))
+
+
+@dataclass
+class GPTConfig:
+    """Everything needed to rebuild a model; stored in checkpoints as a plain dict."""
+
+    vocab_size: int = 50257
+    context_length: int = 1024
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear and LayerNorm layers, as GPT-2
+    qkv_bias: bool = True  # GPT-2 has a QKV bias; the book trains from scratch without one
+    layer_norm_eps: float = 1e-5
+    init_std: float = 0.02
+    # The attention variants (the defaults are GPT-2's block; see minigpt.attention):
+    num_kv_heads: int | None = None  # key/value heads (grouped-query); None: n_head
+    position: str = "learned"  # learned: a position table (GPT-2); rope: rotary embeddings
+    rope_theta: float = 10000.0  # rope's base wavelength
+    window: int | None = None  # each token attends to its last `window` tokens; None: all
+    # A window growing over training (minigpt.window): the window of each equal share of the
+    # steps, growing, the last the full context_length, e.g. [128, 256, 384, 512]; None: no schedule
+    window_schedule: list[int] | None = None
+    # The block options of the modern recipe (the defaults are GPT-2's):
+    norm: str = "layernorm"  # layernorm (GPT-2) | rmsnorm: both block norms and the final one
+    qk_norm: bool = False  # queries and keys scaled to unit RMS per head before attending
+    mlp: str = "gelu"  # gelu (tanh approximation, GPT-2) | relu2: relu(x)**2
+    tie_head: bool = True  # the LM head is the token embedding; False: its own, zero-initialized
+    zero_init_proj: bool = False  # attention output and MLP down projections start at zero
+    logit_softcap: float | None = None  # logits = cap * tanh(logits / cap); None: no cap
+    value_embeddings: bool = False  # every other layer adds a token-indexed table to its values
+    # Training on packed rows of documents (minigpt.documents): rows come with document_ids, a
+    # token attends only within its document, positions restart at each; decoding is unchanged
+    document_mask: bool = False
+
+    def __post_init__(self):
+        problems = self.problems()
+        if problems:
+            raise ValueError("GPTConfig: " + "; ".join(problems))
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads per layer (``n_head`` unless grouped)."""
+        return self.n_head if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def value_embedding_layers(self) -> tuple[int, ...]:
+        """The layers with a value embedding: every other one, counted back from the last (the
+        placement nanochat uses), so a model of L layers has (L + 1) // 2 tables."""
+        if not self.value_embeddings:
+            return ()
+        return tuple(range(self.n_layer - 1, -1, -2))[::-1]
+
+    def num_params(self, include_position: bool = True) -> int:
+        """Parameters of ``GPT(self)``, a tied head counted once (an untied one is its own
+        V x C); without the position table for ``include_position=False`` (the convention of
+        scaling-law papers). Arithmetic only, so a run can size a model before building it."""
+        C, V = self.n_embd, self.vocab_size
+        kv_features = self.kv_heads * (C // self.n_head)
+        qkv_out = C + 2 * kv_features  # queries, then keys and values of kv_heads heads
+        weights = qkv_out * C + C * C + 8 * C * C  # qkv, out_proj, fc and proj
+        biases = qkv_out * self.qkv_bias + 6 * C * self.bias  # qkv; out_proj (C), fc (4C), proj (C)
+        norm = 2 * C if self.norm == "layernorm" and self.bias else C  # gain (and LayerNorm's bias)
+        learned = self.position == "learned" and include_position
+        positions = self.context_length * C if learned else 0
+        head = 0 if self.tie_head else V * C
+        tables = len(self.value_embedding_layers) * V * kv_features
+        blocks = self.n_layer * (weights + biases + 2 * norm)
+        return V * C + positions + blocks + norm + head + tables
+
+    @classmethod
+    def from_dict(cls, values: dict) -> GPTConfig:
+        """Build from a mapping (a Hydra section, a checkpoint), naming unknown keys."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"GPTConfig: unknown field(s) {unknown}; valid fields are {sorted(known)}"
+            )
+        return cls(**dict(values))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def problems(self) -> list[str]:
+        """Every bad value, one phrase each: each field against its type and
+        ``GPT_CONFIG_RULES``, then the rules that span fields."""
+        return field_problems(self, GPT_CONFIG_RULES) + self.spanning_problems()
+
+    def spanning_problems(self) -> list[str]:
+        """The rules across fields: heads divide the width, key/value heads divide the heads,
+        rope's head dimension is even (each once the sizes it needs are valid), a window
+        schedule grows to the full context."""
+        problems = [check_window_schedule(self.window_schedule, self.context_length, self.window)]
+        sizes = (self.n_head, self.n_embd)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
+            return [p for p in problems if p]
+        problems.append(check_kv_heads(self.num_kv_heads, self.n_head)
+                        if self.num_kv_heads is not None else None)
+        if self.n_embd % self.n_head != 0:
+            problems.append(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        elif self.position == "rope":
+            problems.append(check_rope_head_dim(self.n_embd // self.n_head))
+        return [p for p in problems if p]
 
 
 class GPT(nn.Module):
@@ -416,13 +422,8 @@ class GPT(nn.Module):
         return 2 * c.n_layer * c.kv_heads * (c.n_embd // c.n_head) * itemsize
 
     def num_params(self, include_position: bool = True) -> int:
-        """Parameter count with tied weights counted once (an untied head counts as its own
-        V x C); optionally without the position embeddings (the convention of scaling-law
-        papers)."""
-        n = sum(p.numel() for p in self.parameters())  # parameters() yields a tied tensor once
-        if not include_position and self.pos_emb is not None:
-            n -= self.pos_emb.weight.numel()
-        return n
+        """See ``GPTConfig.num_params``."""
+        return self.config.num_params(include_position)
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token (forward + backward): 6 N for the weights plus 12 L T C for
@@ -440,8 +441,7 @@ class GPT(nn.Module):
         return 6 * matmul_params + 12 * c.n_layer * T * c.n_embd
 
     # Interop and sampling live in their own modules (minigpt.hf, minigpt.sampling), which never
-    # import this one; these thin methods are the entry points nanoGPT and transformers users
-    # reach for, and import them when called, so the model itself imports torch and the block only.
+    # import this one; these are the entry points nanoGPT and transformers users reach for.
     @classmethod
     def from_pretrained(cls, name_or_path: str, **config_overrides) -> GPT:
         """A float32 model in eval mode from a Hugging Face GPT-2 checkpoint directory (or hub
@@ -462,19 +462,22 @@ class GPT(nn.Module):
 
         hf.write_gpt2(path, self.config.to_dict(), self.state_dict())
 
-    @torch.no_grad()
-    def generate(
-        self,
-        idx: Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        eos_id: int | None = None,
-        **kwargs,
-    ) -> Tensor:
-        """Sample ``max_new_tokens`` after ``idx`` (B, T) with the KV cache; see minigpt.sampling."""
-        from minigpt.sampling import generate
+    # model.generate(idx, max_new_tokens, ...): nanoGPT's spelling of sampling.generate(model, ...)
+    generate = sampling.generate
 
-        return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k,
-                        top_p=top_p, eos_id=eos_id, **kwargs)
+
+# --------------------------------------------------------------------------- GPTConfig's rules
+
+POSITIONS = ("learned", "rope")
+NORMS = ("layernorm", "rmsnorm")
+MLPS = tuple(ACTIVATIONS)
+POSITIVE = Range(0, low_open=True)
+# The one table of GPTConfig's single-field rules (its types come from the annotations); the
+# training config's model.* checks are these too (minigpt.config.rules).
+GPT_CONFIG_RULES = {
+    **dict.fromkeys(("vocab_size", "context_length", "n_layer", "n_head", "n_embd", "window"),
+                    Range(1)),
+    "dropout": Range(0, 1, high_open=True),
+    **dict.fromkeys(("layer_norm_eps", "init_std", "rope_theta", "logit_softcap"), POSITIVE),
+    "position": OneOf(POSITIONS), "norm": OneOf(NORMS), "mlp": OneOf(MLPS),
+}

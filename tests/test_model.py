@@ -207,7 +207,8 @@ def test_block_and_model_import_only_torch_and_the_blocks_helpers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == repr(sorted(
         ["minigpt", "minigpt.attention", "minigpt.documents", "minigpt.field_rules",
-         "minigpt.kv_cache", "minigpt.model", "minigpt.rope", "minigpt.window"]))
+         "minigpt.kv_cache", "minigpt.model", "minigpt.rope", "minigpt.sampling",
+         "minigpt.window"]))
 
 
 def test_hf_conversion_does_not_import_the_model_back():

@@ -60,28 +60,6 @@ class MemoryEstimate:
         return f"{self.total / GiB:.2f} GiB ({parts})"
 
 
-def num_parameters(n_layer: int, n_embd: int, vocab_size: int, context_length: int,
-                   position: str = "learned", kv_fraction: float = 1.0, *,
-                   norm: str = "layernorm", tie_head: bool = True, bias: bool = True,
-                   qkv_bias: bool = True, value_embeddings: bool = False) -> int:
-    """A ``GPT``'s parameter count (GPT-2's by default: biases included, LM head tied to the
-    token embedding); ``kv_fraction``: key/value heads per head (grouped-query attention
-    shrinks the projection); ``norm="rmsnorm"``: norms with a gain and no bias;
-    ``tie_head=False``: a V x C head of its own; ``bias``, ``qkv_bias``: as ``GPTConfig``;
-    ``value_embeddings``: a V x (key/value features) table on every other layer."""
-    C = n_embd
-    kv_features = round(C * kv_fraction)
-    qkv_out = C + 2 * kv_features  # queries, then keys and values of nkv heads
-    weights = qkv_out * C + C * C + 8 * C * C  # qkv, out_proj, fc and proj
-    biases = qkv_out * qkv_bias + 6 * C * bias  # qkv; out_proj (C), fc (4C), proj (C)
-    norm_params = 2 * C if norm == "layernorm" and bias else C  # gain (and LayerNorm's bias)
-    per_block = weights + biases + 2 * norm_params
-    positions = context_length * C if position == "learned" else 0
-    head = 0 if tie_head else vocab_size * C
-    tables = (n_layer + 1) // 2 * vocab_size * kv_features if value_embeddings else 0
-    return vocab_size * C + positions + n_layer * per_block + norm_params + head + tables
-
-
 def estimate_training_memory(model: GPTConfig | dict, batch_size: int, *,
                              precision: str = "32-true", chunked_loss: bool = False,
                              shards: int = 1,
@@ -96,9 +74,7 @@ def estimate_training_memory(model: GPTConfig | dict, batch_size: int, *,
     ``selective`` (``trainer.activation_checkpointing``), on any strategy."""
     m = model if isinstance(model, GPTConfig) else GPTConfig(**model)
     L, C, V, T = m.n_layer, m.n_embd, m.vocab_size, m.context_length
-    P = num_parameters(L, C, V, T, m.position, m.kv_heads / m.n_head, norm=m.norm,
-                       tie_head=m.tie_head, bias=m.bias, qkv_bias=m.qkv_bias,
-                       value_embeddings=m.value_embeddings)
+    P = m.num_params()
     mixed, half_weights = precision.endswith("-mixed"), precision.endswith("-true") and \
         not precision.startswith("32") and not precision.startswith("64")
     weight_bytes = 2 if half_weights else 4

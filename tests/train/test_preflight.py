@@ -17,7 +17,6 @@ from minigpt.train.preflight import (
     GiB,
     check_memory,
     estimate_training_memory,
-    num_parameters,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,9 +28,8 @@ TOY = dict(n_layer=4, n_head=4, n_embd=256, context_length=256, vocab_size=128)
 def test_parameter_count_matches_the_model(config):
     with torch.device("meta"):
         model = GPT(GPTConfig(**config))
-    assert num_parameters(config["n_layer"], config["n_embd"], config["vocab_size"],
-                          config["context_length"]) == model.num_params()
-    assert num_parameters(12, 768, 50257, 1024) == 124_439_808  # GPT-2 small, as published
+    assert GPTConfig(**config).num_params() == sum(p.numel() for p in model.parameters())
+    assert GPTConfig().num_params() == 124_439_808  # GPT-2 small, as published
 
 
 def test_estimate_scales_as_it_should():
