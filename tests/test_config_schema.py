@@ -108,7 +108,7 @@ def test_closest_key_and_what_is_not_a_config_error():
 
 
 def test_keys_added_on_the_command_line_are_checked_before_composing():
-    from minigpt.config_schema import added_unknown_keys
+    from minigpt.config import added_unknown_keys
 
     overrides = ["+optim.learning_rate=1e-3", "++trainer.max_step=5", "optim.lr=1",
                  "+trainer.fsdp.sharding_strategy=X", "+trainer.fsdp.shard=X",
