@@ -1,10 +1,8 @@
 """Tokenizers: one small interface over tiktoken encodings and an offline character tokenizer.
 
-Every tokenizer round-trips through ``to_dict()`` (plain JSON types) and ``tokenizer_from_dict``.
-That dict is what ``meta.json`` and checkpoints store, so decoding needs nothing else.
-
-``encode`` treats special-token text such as ``"<|endoftext|>"`` as ordinary text; the end-of-text
-id (``eot_id``) is only ever inserted by the data pipeline, between documents.
+``to_dict()`` (plain JSON, what ``meta.json`` and checkpoints store) and ``tokenizer_from_dict``
+round-trip every tokenizer. ``encode`` treats special-token text as ordinary text: ``eot_id``
+is only inserted by the data pipeline, between documents.
 """
 
 from __future__ import annotations
@@ -49,8 +47,7 @@ class Tokenizer(ABC):
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1,
                      transform: Callable[[str], str] | None = None) -> list[np.ndarray]:
-        """Encode many texts to uint32 arrays (the data pipeline's fast path), applying
-        ``transform`` to each text first (in the worker threads, where there are any)."""
+        """Encode many texts to uint32 arrays, ``transform`` applied to each text first."""
         return [np.asarray(self.encode(transform(t) if transform else t), dtype=np.uint32)
                 for t in texts]
 
@@ -100,9 +97,7 @@ class TiktokenTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1,
                      transform: Callable[[str], str] | None = None) -> list[np.ndarray]:
-        # encode_to_numpy with no special tokens allowed or checked == encode_ordinary, minus the
-        # Python ints: the threads spend their time in tiktoken's Rust core, outside the GIL, and
-        # a GIL-bound ``transform`` in one thread overlaps with encoding in the others.
+        # tiktoken's Rust core releases the GIL, so threads overlap encoding with ``transform``
         if num_threads <= 1 or len(texts) <= 1:
             return [self._enc.encode_to_numpy(transform(t) if transform else t, disallowed_special=())
                     for t in texts]
@@ -113,9 +108,8 @@ class TiktokenTokenizer(Tokenizer):
         return list(self._pool.map(partial(self._encode_in_worker, transform=transform), texts))
 
     def _encode_in_worker(self, text: str, transform: Callable[[str], str] | None) -> np.ndarray:
-        # tiktoken's core runs slower in threads other than the one that first used an Encoding
-        # (its regex caches favour that thread; bench/prepare.py shows it). So each long-lived
-        # worker thread builds its own copy, once, and is the first and only thread to use it.
+        # An Encoding runs slower in threads other than the first to use it (its regex caches
+        # favour that thread), so each worker thread builds and alone uses its own copy.
         enc = getattr(self._local, "enc", None)
         if enc is None:
             import tiktoken
@@ -144,13 +138,13 @@ class CharTokenizer(Tokenizer):
         self.eot_id = len(chars)
         self.vocab_size = len(chars) + 1
         self._stoi = {c: i for i, c in enumerate(chars)}
-        # code point -> id lookup table (-1 = unknown) for vectorised batch encoding
+        # code point -> id (-1: unknown), for vectorised batch encoding
         self._table = np.full(max(map(ord, chars)) + 1, -1, dtype=np.int64)
         self._table[[ord(c) for c in chars]] = np.arange(len(chars))
 
     @classmethod
     def from_text(cls, text: str | Iterable[str]) -> CharTokenizer:
-        """Build the vocabulary from a text (or an iterable of texts): every distinct character."""
+        """Every distinct character of a text (or an iterable of texts), sorted."""
         seen: set[str] = set()
         for t in [text] if isinstance(text, str) else text:
             seen.update(t)
@@ -186,14 +180,10 @@ class CharTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         parts = []
-        for i in ids:
-            i = int(i)
-            if 0 <= i < len(self.chars):
-                parts.append(self.chars[i])
-            elif i == self.eot_id:
-                parts.append(EOT_TEXT)
-            else:
+        for i in map(int, ids):
+            if not 0 <= i <= self.eot_id:
                 raise ValueError(f"token id {i} is outside the character vocabulary (size {self.vocab_size})")
+            parts.append(EOT_TEXT if i == self.eot_id else self.chars[i])
         return "".join(parts)
 
     def to_dict(self) -> dict:
@@ -203,8 +193,7 @@ class CharTokenizer(Tokenizer):
 
 @cache
 def _tiktoken_tokenizer(name: str) -> TiktokenTokenizer:
-    # one instance per encoding and process (like tiktoken's own registry), so its worker threads
-    # and their private Encoding copies are built once, not on every preparation
+    # one per encoding and process, so its worker threads and their Encodings are built once
     return TiktokenTokenizer(name)
 
 
