@@ -1,14 +1,10 @@
-"""Rotary position embeddings (RoPE; Su et al. 2021, "RoFormer"), used by ``MultiHeadAttention``
-when built with ``rope=True``.
+"""Rotary position embeddings (RoPE, Su et al. 2021), for ``MultiHeadAttention(rope=True)``.
 
-Each query and key head vector is split into pairs ``(x[i], x[i + hd/2])`` (the "rotate half"
-layout of GPT-NeoX and Llama) and pair ``i`` is rotated by the angle ``position * theta**(-2i/hd)``.
-A query at position m and a key at position n then score ``q R(m)^T R(n) k = q R(n - m) k``: only
-their distance matters, so there is no position table (nothing limits the positions to
-``context_length``) and shifting a whole row, as left padding does, changes nothing.
-
-Angles are computed in float32 from the integer positions on every call (no buffer that
-``model.to(bfloat16)`` could round). Shape letters: B batch, h heads, T tokens, hd head dim.
+Pair ``(x[i], x[i + hd/2])`` of each query and key head ("rotate half", as GPT-NeoX and Llama)
+turns by ``position * theta**(-2i/hd)``, so a score depends only on the distance between query
+and key: no position table, and shifting a row (left padding) changes nothing. Angles are
+float32, computed from the positions on every call. Shape letters: B batch, h heads, T tokens,
+hd head dim.
 """
 
 from __future__ import annotations

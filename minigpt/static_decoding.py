@@ -1,22 +1,12 @@
-"""Fixed-shape decoding: ``GPT.forward`` on one token per row, over a KV cache whose shapes never
-change, compiled once and reused for every token: on a GPU with
-``torch.compile(mode="reduce-overhead")``, captured once as a CUDA graph and replayed; on the CPU
-by inductor's C++ backend (one fused program per step instead of ~200 eager ops).
+"""Fixed-shape decoding: ``GPT.forward`` on one token per row over a KV cache whose shapes never
+change, compiled once for every token (a CUDA graph on a GPU, inductor's C++ on the CPU).
 
-Why: at batch 1 a GPT-2-small decode step is ~200 small kernels. The eager decoder attends over
-the filled part of its cache, which grows by one token per step, so every step has new shapes
-and Python launches each kernel: the GPU mostly waits. A cache built with ``sliced=False``
-(``minigpt.kv_cache``) makes a one-token step attend over its whole capacity under the mask of
-the filled slots, and keeps the token count in a device tensor, so one captured graph serves
-every step. The model, its forward and the cache are the ones the eager decoder uses; only the
-cache's property differs.
-
-Every step attends over the cache's whole capacity, so a cache sized to the generation
-(``capacity``: prompt + new tokens, rounded up to ``CAPACITY_MULTIPLE``) reads only what the
-generation needs, not the model's full context.
-
-``generate(..., decoder=StaticDecoder(model, B, compile=True))`` fills ``decoder.cache`` from the
-prompt with the eager model (and refills it after a crop), then calls ``step`` once per token.
+An eager step attends over the filled part of its cache, so each step has new shapes. A cache
+built with ``sliced=False`` (``minigpt.kv_cache``) attends over its whole capacity under the mask
+of the filled slots and counts tokens in a device tensor, so one graph serves every step; the
+capacity is sized to the generation (rounded up to ``CAPACITY_MULTIPLE``).
+``generate(..., decoder=StaticDecoder(model, B, compile=True))`` fills the cache from the prompt
+eagerly, then calls ``step`` once per token.
 
 Shape letters: B batch, V vocabulary.
 """
@@ -33,12 +23,9 @@ CAPACITY_MULTIPLE = 64
 
 
 def cpu_step_options() -> dict:
-    """Inductor's options for the compiled CPU step. ``deterministic``, where this torch has it,
-    keeps a broadcast input a stored buffer: without it inductor recomputes the row a linear
-    layer reads (a LayerNorm of the residual stream) inside the loop over every weight row,
-    which makes a one-row product of ``minigpt.cpu``'s row-sum layout compute-bound
-    (bench/README.md). No ``size_asserts``: dynamo's guards already check every input's sizes
-    and strides, and the wrapper's Python checks cost ~0.1 ms a step."""
+    """Inductor's options for the compiled CPU step. ``deterministic`` keeps a broadcast input
+    (the LayerNorm a linear layer reads) a stored buffer instead of recomputing it for every
+    weight row; no ``size_asserts``: dynamo's guards already check the inputs."""
     import torch._inductor.config as inductor_config
 
     options = {"size_asserts": False}
@@ -50,13 +37,9 @@ def cpu_step_options() -> dict:
 class StaticDecoder:
     """A fixed-shape KV cache of ``model`` for ``batch_size`` rows, and its one-token step.
 
-    ``capacity``: the most tokens a generation holds (prompt + new tokens; rounded up to
-    ``CAPACITY_MULTIPLE``, at most what ``model.new_kv_cache`` holds by default, its context or
-    window); None: that default. ``generate`` refuses a decoder too small for its call. With
-    ``compile`` the step (``model`` itself) is compiled: with ``mode="reduce-overhead"`` (CUDA
-    graphs) on a GPU, by inductor on the CPU; without it, it runs eagerly, as the reference the
-    tests compare both with. Build one per batch size and reuse it: each new decoder compiles
-    its step again.
+    ``capacity``: the most tokens a generation holds (rounded up, at most the model's default
+    cache; None: that default). ``compile``: CUDA graphs on a GPU, inductor on the CPU; else
+    eager (the tests' reference). Build one per batch size and reuse it: each compiles anew.
     """
 
     def __init__(self, model, batch_size: int, *, compile: bool = False,
@@ -85,8 +68,8 @@ class StaticDecoder:
         return self.cache.capacity
 
     def step(self, token: Tensor) -> Tensor:
-        """Logits (B, 1, V) after the tokens (B, 1); the token joins the cache. On a GPU with
-        ``compile`` the result lives in the graph's memory until the next step: use it first."""
+        """Logits (B, 1, V) after the tokens (B, 1), which join the cache. On a GPU with
+        ``compile`` the result is overwritten by the next step."""
         if token.shape != (self.batch_size, 1):
             raise ValueError(f"this StaticDecoder decodes ({self.batch_size}, 1) tokens, got "
                              f"{tuple(token.shape)}; build one per batch size")

@@ -1,23 +1,13 @@
 """Sliding-window causal attention: each query sees its last ``window`` keys (itself included).
 
-Training and prompts (``banded_attention``): the queries go in chunks of ``C`` tokens, and chunk
-``j`` attends to the ``window + C`` keys that end with its last token, under one small
-(chunks, C, window + C) mask. Memory and work grow as T * (window + C), not T * T, and no
-(T, T) mask is built. Why not the alternatives: ``flex_attention`` has no backward on the CPU
-(torch 2.13), and SDPA with a dense (T, T) band mask is slower than full causal attention; the
-chunks beat full causal SDPA at T=2048, window=256 on the CPU (``bench/attention.py --variants``).
-A sequence no longer than the window is plain causal attention and takes that path.
-
-Decoding: the KV cache of a window layer is a ring of ``window`` slots (``minigpt.kv_cache``),
-which holds exactly the keys a new token may see, so one-token steps need no window mask; a
-chunk after cached tokens gets a (T, L) ``window_mask`` from the stream indices of its keys.
-
-A window schedule (``GPTConfig.window_schedule``, modded-nanogpt's record 13) grows the window
-over training: a list of windows, each for an equal share of the steps (``scheduled_window``),
-the last the full context. The layers hold the window as a tensor (``live_window``) that
-``follow_window_schedule`` sets before each step, so the window reaches a compiled graph as data
-(a dense band mask, or the document mask's rule), never as a Python int it would recompile for;
-the window is a pure function of the step, so a resumed run continues with the same windows.
+Training and prompts (``banded_attention``): queries go in chunks of ``C`` tokens, chunk ``j``
+attending to the ``window + C`` keys ending with its last token under one (n, C, window + C)
+mask: memory and work grow as T * (window + C), and no (T, T) mask is built (flex_attention has
+no CPU backward; a dense band mask is slower than full causal SDPA). Decoding: a window layer's
+KV cache is a ring of ``window`` slots (``minigpt.kv_cache``); a chunk after cached tokens gets
+a (T, L) ``window_mask``. A window schedule (``GPTConfig.window_schedule``) grows the window over
+equal shares of training; the layers hold it as a tensor (``follow_window_schedule``), so a
+compiled graph sees data, not a Python int to recompile for.
 
 Shape letters: B batch, nh query heads, nkv key/value heads, T tokens, L keys, hd head dim,
 n chunks, C chunk length, W window.
@@ -41,18 +31,16 @@ def check_window(window) -> str | None:
 
 
 def window_mask(query_pos: Tensor, key_pos: Tensor, window: int | Tensor | None) -> Tensor:
-    """(T, L) bool, True where the query at stream index ``query_pos`` may attend to the key at
-    ``key_pos``: causal, within the last ``window`` tokens (an int or a 0-dim tensor; any
-    distance for None), not empty (index -1)."""
+    """(T, L) bool, True where the query at stream index ``query_pos`` may see the key at
+    ``key_pos``: causal, within ``window`` (int, 0-dim tensor or None: any), not empty (-1)."""
     distance = query_pos[:, None] - key_pos[None, :]  # (T, L)
     allowed = (distance >= 0) & (key_pos[None, :] >= 0)
     return allowed if window is None else allowed & (distance < window)
 
 
 def check_window_schedule(schedule, context_length, window) -> str | None:
-    """The problem with a ``window_schedule`` for a model of ``context_length`` tokens and a
-    fixed ``window``, or None: a list of positive integers, none shrinking, the last the full
-    ``context_length``, with no fixed window beside it."""
+    """The problem with a ``window_schedule``, or None: positive integers, none shrinking, the
+    last ``context_length``, and no fixed ``window`` beside it."""
     if schedule is None:
         return None
     if isinstance(schedule, (str, bytes)) or not hasattr(schedule, "__len__") or not schedule \
@@ -73,16 +61,15 @@ def check_window_schedule(schedule, context_length, window) -> str | None:
 
 
 def scheduled_window(schedule: list[int], step: int, max_steps: int) -> int:
-    """The window of optimizer step ``step`` (0-based) of ``max_steps``: the schedule's windows
-    each take an equal share of the steps, in order (steps past the end take the last)."""
+    """The window of step ``step`` (0-based) of ``max_steps``: each window takes an equal share
+    of the steps, in order (steps past the end take the last)."""
     share = len(schedule) * step // max(max_steps, 1)
     return schedule[min(share, len(schedule) - 1)]
 
 
 def follow_window_schedule(model, step: int, max_steps: int) -> int | None:
-    """Set every attention layer of ``model`` (a ``GPT``) to the window of ``step`` of
-    ``max_steps`` under its config's ``window_schedule``; return that window (None: no
-    schedule). Called before each training step; a tensor's in-place fill, no recompile."""
+    """Set every attention layer of ``model`` to the scheduled window of ``step`` (an in-place
+    fill, no recompile) and return it (None: no schedule)."""
     schedule = model.config.window_schedule
     if schedule is None:
         return None
@@ -104,9 +91,8 @@ def finite_rows(mask: Tensor) -> tuple[Tensor, Tensor | None]:
 def banded_attention(q: Tensor, k: Tensor, v: Tensor, window: int, padding: Tensor | None,
                      dropout_p: float, sdpa) -> Tensor:
     """Sliding-window causal attention of q (B, nh, T, hd) over k, v (B, nkv, T, hd) from
-    position 0, with ``padding`` (B, T) True at padded keys; returns (B, nh, T, hd).
-
-    ``sdpa`` is the caller's ``scaled_dot_product_attention`` (it handles nkv < nh)."""
+    position 0, ``padding`` (B, T) True at padded keys -> (B, nh, T, hd). ``sdpa``: the
+    caller's (it handles nkv < nh)."""
     B, nh, T, hd = q.shape
     C = min(CHUNK, window)
     n = -(-T // C)  # chunks; the last one is padded with queries whose outputs are dropped
