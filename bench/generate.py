@@ -11,25 +11,24 @@ GPT-2-small-sized weights (vocab 50257). Both models hold the same weights (ours
 **The bound**: decoding a token multiplies one vector by every weight matrix (the blocks' linear
 layers and the LM head), so no decoder can be faster than one pass over those weights. It is
 timed as that pass, two ways, each timed like the decoders (the rows "bound ... pass"), and the
-bound is the faster: each matrix, contiguous, multiplied by one vector with the fastest of the
-eager kernels ``minigpt.cpu.packed`` can use for it (``F.linear``, an (in, out) copy on MKL,
-oneDNN's packed layout), in the model's order so every weight comes from memory as it does when
-decoding; and with ``--compiled`` the compiled decoders' own row-sum weights in one compiled
+bound is the faster: each matrix, contiguous, multiplied by one vector with the fastest of three
+eager kernels (``F.linear``, an (in, out) copy on MKL, oneDNN's packed layout where this CPU
+runs it), in the model's order so every weight comes from memory as it does when decoding; and with ``--compiled`` the compiled decoders' own row-sum weights in one compiled
 call (how fast a pass reads depends on where its weights lie in memory). The bfloat16 rows are
 held against the same passes over bfloat16 weights.
 
-Rows: "tuned" is what generate.py runs on the CPU (``minigpt.cpu.speed_up_decoding``: per
-shape the layout this machine reads fastest, from ``minigpt.cpu.tuning``'s timings file);
-"nn.Linear" the plain model; "fixed-shape" the decoder CUDA graphs use
-(``minigpt.static_decoding``, over the tuned model, eager here: it attends over its whole
+Rows: "packed" is what generate.py runs on the CPU (``minigpt.cpu.speed_up_decoding``:
+oneDNN-packed weights, by rule); "nn.Linear" the plain model; "fixed-shape" the decoder CUDA
+graphs use (``minigpt.static_decoding``, over the packed model, eager here: it attends over its whole
 cache, sized to prompt + new tokens), "compiled" what ``generate.py decoder=compiled`` runs on
 the CPU (``--compiled``: that step compiled by inductor over row-sum weights, float32 and, with
 bfloat16, bfloat16 ones; compile times printed apart); "no cache" reruns the window every token
 (fewer repeats); "bf16 weights" keep float32 activations in every row. All variants live in
 this process and are timed round-robin after a warm-up; medians over ``--repeats``. Then per
 weight shape: each layout's one-row product, and with ``--compiled`` a prompt's rows by the
-row-sum weights (each product, and the one applied). Wall rates are what a user sees; with
-``--threads 1`` the CPU-time rates are not inflated by other processes on a shared machine.
+row-sum weights (each product, and the one its rule applied). Wall rates are what a user sees;
+with ``--threads 1`` the CPU-time rates are not inflated by other processes on a shared machine
+(``--clock cpu`` times the per-shape tables by CPU time too).
 """
 
 from __future__ import annotations
@@ -41,24 +40,18 @@ import tempfile
 import time
 
 import torch
+import torch.nn.functional as F
 
+from bench.timing import add_timing_arguments, clock, configure_timing
 from minigpt.cpu import onednn, speed_up_decoding
-from minigpt.cpu.packed import (
-    DECODE_KERNELS,
-    PROMPT_PRODUCTS,
-    ROWSUM,
-    PackedLinear,
-    matmul_packed,
-    pack_weight,
-)
-from minigpt.cpu.tuning import clock
+from minigpt.cpu.packed import PROMPT_PRODUCTS, ROWSUM, PackedLinear, matmul_packed
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate
 from minigpt.static_decoding import StaticDecoder, cpu_step_options
 
-REF = "ours fp32, KV cache, tuned"
+REF = "ours fp32, KV cache, packed"
 PLAIN = "ours fp32, KV cache, nn.Linear"
-NOCACHE = "ours fp32, no cache, tuned"
+NOCACHE = "ours fp32, no cache, packed"
 BF16 = "ours bf16 weights, KV cache, packed"
 HF = "transformers fp32, use_cache=True"
 BOUND = "bound fp32 (one pass over the weights)"  # the faster of its two passes below
@@ -71,10 +64,11 @@ BF16_REFERENCE = "float32 on bf16-rounded weights"  # not timed: the bf16 rows' 
 
 
 def main() -> None:
-    args = _parser().parse_args()
+    parser = _parser()
+    args = parser.parse_args()
+    configure_timing(parser, args)
     if not onednn.available():
         sys.exit("oneDNN's linear op is not available in this PyTorch: nothing to pack")
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = GPT(GPTConfig()).eval()  # GPT-2 small: 12 layers, 768 dims, vocab 50257
     prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_tokens),
@@ -84,14 +78,14 @@ def main() -> None:
     if args.dtype != "float32":
         outputs[BF16_REFERENCE] = bf16_reference(model, prompt, args.new_tokens)
     report(times, cpu, outputs, args)
-    report_shapes(layouts)
+    report_shapes(layouts, args)
     report_prompt_products(rowsum, args)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (1: steadier when other work shares the cores)")
+    add_timing_arguments(parser)
+    parser.set_defaults(threads=1)  # steadier when other work shares the cores
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--nocache-repeats", type=int, default=1)
     parser.add_argument("--prompt-tokens", type=int, default=16)
@@ -106,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict, dict]:
     """name -> (run(tokens) -> token ids or None, repeats); per float32 weight shape, the
-    bound's trial timings of each layout and the layout the tuned model uses; and the compiled
+    bound's trial timings of each layout and the layout the packed model uses; and the compiled
     decoders' models by weight dtype (None where not built)."""
     n = args.new_tokens
 
@@ -134,19 +128,20 @@ def build_variants(model: GPT, prompt: torch.Tensor, args) -> tuple[dict, dict, 
     layouts = {}
     capacity = args.prompt_tokens + n  # sized to the generation, as generate.py does
     if args.dtype != "bfloat16":
-        tuned, plain = copy(torch.float32), copy()
-        for m in tuned.modules():
+        packed, plain = copy(torch.float32), copy()
+        for m in packed.modules():
             if isinstance(m, (torch.nn.Linear, PackedLinear)):
-                layouts[(m.in_features, m.out_features)] = getattr(m, "kernel", "plain")
+                kernel = {"onednn": "oneDNN"}.get(getattr(m, "kernel", None), "nn.Linear")
+                layouts[(m.in_features, m.out_features)] = kernel
         layouts = {shape: (shape_seconds[shape], kernel) for shape, kernel in layouts.items()}
-        variants[REF] = (ours(tuned), args.repeats)
+        variants[REF] = (ours(packed), args.repeats)
         variants[PLAIN] = (ours(plain), args.repeats)
         variants["ours fp32, fixed-shape cache, eager"] = (
-            ours(tuned, decoder=StaticDecoder(tuned, 1, capacity=capacity)), args.repeats)
+            ours(packed, decoder=StaticDecoder(packed, 1, capacity=capacity)), args.repeats)
         if args.compiled:
             variants[COMPILED] = (compiled_decoding(rowsum[torch.float32], ours, capacity),
                                   args.repeats)
-        variants[NOCACHE] = (ours(tuned, use_cache=False), args.nocache_repeats)
+        variants[NOCACHE] = (ours(packed, use_cache=False), args.nocache_repeats)
     if args.dtype != "float32":
         passes = weight_pass(model, torch.bfloat16, n, rowsum[torch.bfloat16])[0]
         variants.update({name: (run, args.repeats) for name, run in zip(PASSES[BOUND_BF16],
@@ -194,30 +189,28 @@ def compiled_decoding(model: GPT, ours, capacity: int):
 @torch.no_grad()
 def weight_pass(model: GPT, dtype: torch.dtype, tokens: int, rowsum_model: GPT | None = None):
     """Calls ``run(passes=tokens)`` that multiply one vector by every weight matrix a decoded
-    token multiplies by: eagerly in the model's order, each matrix with the kernel that read it
-    fastest in three trial passes (bfloat16: oneDNN's packed layout, the one eager kernel for
-    it); and given ``rowsum_model`` (``speed_up_decoding(traceable=True)`` in ``dtype``) also a
+    token multiplies by: eagerly in the model's order, each matrix with the kernel of
+    ``eager_kernels`` that read it fastest in three trial passes; and given ``rowsum_model`` (``speed_up_decoding(traceable=True)`` in ``dtype``) also a
     pass over its row-sum weights compiled by inductor into one call (what ``decoder=compiled``
     reads). Also the seconds per product of each layout per (in, out) shape (eager: the mean
     over the shape's matrices of each one's fastest trial pass; row-sum: float32 only, the
     per-shape table's)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    kernels = DECODE_KERNELS if dtype == torch.float32 else ("onednn",)
-    layouts = {k: [pack_weight(m.weight, k, dtype) for m in linears] for k in kernels}
+    kernels = eager_kernels(dtype)
+    layouts = {k: [lay_out(m.weight) for m in linears] for k, (lay_out, _) in kernels.items()}
     vectors = {m.in_features: torch.ones(1, m.in_features, dtype=dtype) for m in linears}
     trials = {kernel: [float("inf")] * len(linears) for kernel in kernels}
-    now = clock()
     for _ in range(4):  # the first pass warms up
-        for kernel in kernels:
+        for kernel, (_, multiply) in kernels.items():
             for i, (m, w) in enumerate(zip(linears, layouts[kernel], strict=True)):
-                start = now()
-                matmul_packed(vectors[m.in_features], w, None, kernel)
-                trials[kernel][i] = min(trials[kernel][i], now() - start)
+                start = clock()
+                multiply(vectors[m.in_features], w)
+                trials[kernel][i] = min(trials[kernel][i], clock() - start)
     chosen = []
     shapes: dict[tuple[int, int], dict[str, list[float]]] = {}
     for i, m in enumerate(linears):
         kernel = min(kernels, key=lambda k: trials[k][i])
-        chosen.append((vectors[m.in_features], layouts[kernel][i], kernel))
+        chosen.append((vectors[m.in_features], layouts[kernel][i], kernels[kernel][1]))
         for k in kernels:
             shapes.setdefault((m.in_features, m.out_features), {}).setdefault(k, []).append(
                 trials[k][i])
@@ -226,8 +219,8 @@ def weight_pass(model: GPT, dtype: torch.dtype, tokens: int, rowsum_model: GPT |
 
     def eager(passes=tokens):
         for _ in range(passes):
-            for x, w, kernel in chosen:
-                matmul_packed(x, w, None, kernel)
+            for x, w, multiply in chosen:
+                multiply(x, w)
 
     if rowsum_model is None:
         return [eager], shape_seconds
@@ -253,6 +246,17 @@ def weight_pass(model: GPT, dtype: torch.dtype, tokens: int, rowsum_model: GPT |
     return [eager, rowsum], shape_seconds
 
 
+def eager_kernels(dtype: torch.dtype) -> dict:
+    """name -> (lay out a weight, multiply a row by it) of the eager one-row products the bound
+    takes the fastest of, in ``dtype``: ``F.linear`` on the (out, in) weight, MKL's GEMM on an
+    (in, out) copy, and oneDNN's packed layout where this CPU runs it in ``dtype``."""
+    kernels = {"nn.Linear": (lambda w: w.detach().to(dtype), F.linear),
+               "(in, out)": (lambda w: w.detach().to(dtype).t().contiguous(), torch.mm)}
+    if dtype == torch.float32 or onednn.packs_bfloat16():
+        kernels["oneDNN"] = (lambda w: onednn.pack(w, dtype), onednn.linear)
+    return kernels
+
+
 def _by_shape(linears: list) -> dict[tuple[int, int], list[int]]:
     """The indices of ``linears`` per (in, out) shape."""
     groups: dict[tuple[int, int], list[int]] = {}
@@ -272,10 +276,9 @@ def _compiled_products():
 
 
 def _seconds(call, *args) -> float:
-    now = clock()
-    start = now()
+    start = clock()
     call(*args)
-    return now() - start
+    return clock() - start
 
 
 def run_interleaved(variants: dict):
@@ -325,12 +328,12 @@ def report(times, cpu, outputs, args) -> None:
             print(f"  fastest fp32 ({fp32}): {r[fp32] / r[BOUND]:.0%} of the bound (target >= 85%)"
                   + (f", {r[fp32] / r[HF]:.2f}x transformers fp32 (target >= 1.3x)"
                      if HF in r else ""))
-            print(f"  ours fp32 tuned: {r[REF] / r[BOUND]:.0%} of the bound; cached / no cache: "
+            print(f"  ours fp32 packed: {r[REF] / r[BOUND]:.0%} of the bound; cached / no cache: "
                   f"{r[REF] / r[NOCACHE]:.1f}x" + (f"; {r[REF] / r[HF]:.2f}x transformers "
                                                    f"({r[PLAIN] / r[HF]:.2f}x with nn.Linear)"
                                                    if HF in r else ""))
         if COMPILED in r:
-            print(f"  ours fp32 compiled step / eager tuned: {r[COMPILED] / r[REF]:.2f}x "
+            print(f"  ours fp32 compiled step / eager packed: {r[COMPILED] / r[REF]:.2f}x "
                   "(compile time apart, above)")
         if fp32 is not None and bf16 is not None:
             print(f"  fastest bf16 / fastest fp32: {r[bf16] / r[fp32]:.2f}x (target >= 1.6x on a "
@@ -342,23 +345,23 @@ def report(times, cpu, outputs, args) -> None:
                           "the bf16 bound)")
 
 
-def report_shapes(layouts: dict) -> None:
+def report_shapes(layouts: dict, args) -> None:
     """Per float32 weight shape: ms per one-vector product of each layout (the bound's trial
-    passes) and the layout the tuned model applied, against nn.Linear's."""
+    passes) and the layout the packed model applied, against nn.Linear's."""
     if not layouts:
         return
-    print(f"\nper shape (ms per product, each matrix from memory; "
-          f"{'CPU' if clock() is time.thread_time else 'wall'} time)")
+    print(f"\nper shape (ms per product, each matrix from memory; {args.clock} time)")
     rowsum = all(ROWSUM in seconds for seconds, _ in layouts.values())
     print(f"{'in x out':<12} {'nn.Linear':>9} {'(in,out)':>9} {'oneDNN':>9} {'applied':>9} "
           f"{'vs nn.Linear':>12}" + (f" {'row-sum compiled':>16} {'vs nn.Linear':>12}"
                                      if rowsum else ""))
     for (d_in, d_out), (seconds, kernel) in layouts.items():
         ms = {k: seconds[k] * 1e3 for k in seconds}
-        line = (f"{f'{d_in}x{d_out}':<12} {ms['plain']:>9.3f} {ms['mkl']:>9.3f} "
-                f"{ms['onednn']:>9.3f} {kernel:>9} {ms['plain'] / ms[kernel]:>11.2f}x")
+        plain = ms["nn.Linear"]
+        line = (f"{f'{d_in}x{d_out}':<12} {plain:>9.3f} {ms['(in, out)']:>9.3f} "
+                f"{ms.get('oneDNN', float('nan')):>9.3f} {kernel:>9} {plain / ms[kernel]:>11.2f}x")
         if rowsum:
-            line += f" {ms[ROWSUM]:>16.3f} {ms['plain'] / ms[ROWSUM]:>11.2f}x"
+            line += f" {ms[ROWSUM]:>16.3f} {plain / ms[ROWSUM]:>11.2f}x"
         print(line)
 
 
@@ -367,16 +370,15 @@ def report_prompt_products(rowsum: dict, args, repeats: int = 7) -> None:
     """Per weight shape of each compiled decoder's model (``rowsum``: dtype -> model or None):
     ms per product of a prompt's rows (``--prompt-tokens`` x in) by its row-sum weights, each of
     ``PROMPT_PRODUCTS`` (bfloat16 weights widened block by block), and the one
-    ``speed_up_decoding`` applied; each matrix from memory, in the model's order, medians of
+    ``speed_up_decoding``'s rule applied; each matrix from memory, in the model's order, medians of
     interleaved passes. Not the LM head: a prompt multiplies only its last row by it."""
     models = {dtype: m for dtype, m in rowsum.items() if m is not None}
     if not models:
         return
     print(f"\nprompt rows ({args.prompt_tokens} x in) by row-sum weights, ms per product "
-          f"({'CPU' if clock() is time.thread_time else 'wall'} time)")
+          f"({args.clock} time)")
     print(f"{'in x out':<12} {'dtype':<9} {'x @ W.T':>9} {'W @ x.T':>9} {'applied':>9} "
           f"{'vs x @ W.T':>10}")
-    now = clock()
     for dtype, model in models.items():
         layers = [m for m in model.modules()
                   if isinstance(m, PackedLinear) and m is not model.lm_head]
@@ -385,9 +387,9 @@ def report_prompt_products(rowsum: dict, args, repeats: int = 7) -> None:
         for _ in range(repeats + 1):  # the first pass warms up
             for product in PROMPT_PRODUCTS:
                 for i, m in enumerate(layers):
-                    start = now()
+                    start = clock()
                     matmul_packed(rows[m.in_features], m._packed, None, ROWSUM, product)
-                    seconds[product][i].append(now() - start)
+                    seconds[product][i].append(clock() - start)
         for (d_in, d_out), idx in _by_shape(layers).items():
             ms = {p: statistics.mean(statistics.median(seconds[p][i][1:]) for i in idx) * 1e3
                   for p in PROMPT_PRODUCTS}

@@ -66,12 +66,6 @@ class MultiHeadAttention(nn.Module):
             KV cache stores the normalized (and rotated) keys.
     """
 
-    # The attention of a compiled one-token decode step over its cache, ``fn(q (B, nh, 1, hd),
-    # keys, values (B, nkv, L, hd), mask (B or 1, 1, 1, L) bool or None) -> (B, nh, 1, hd)``,
-    # the value of SDPA under that mask; None (and eager steps): SDPA. A decoding speedup may
-    # set it (``minigpt.cpu``).
-    decode_attention = None
-
     def __init__(
         self,
         d_in: int,
@@ -216,9 +210,6 @@ class MultiHeadAttention(nn.Module):
                           dropout_p: float) -> Tensor:
         """T queries over the L keys a cache gave, under its ``mask`` (B or 1, 1, T, L). One new
         token always sees itself, so only a chunk's rows can be empty."""
-        if (q.shape[2] == 1 and self.decode_attention is not None and dropout_p == 0.0
-                and torch.compiler.is_compiling()):
-            return self.decode_attention(q, keys, values, mask)
         if mask is None or q.shape[2] == 1:
             return self._sdpa(q, keys, values, attn_mask=mask, dropout_p=dropout_p)
         return self._masked_attention(q, keys, values, mask, dropout_p)

@@ -156,8 +156,9 @@ def test_compiled_decoder_gives_the_eager_samples(char_ckpt, capsys):
                 "max_new_tokens=45", "stop_at_eot=false", *args)
         assert run(*args, "decoder=compiled")[0] == run(*args, "decoder=eager")[0]
     err = capsys.readouterr().err
-    # float32 on the CPU: only layouts the compiled step can trace (nn.Linear, (in, out) copies)
-    assert "compiled decoder; cpu speedups: " in err and "oneDNN-packed" not in err
+    # float32 on the CPU: only layouts the compiled step can trace (the row-sum weights)
+    compiled = [line for line in err.splitlines() if "compiled decoder; cpu speedups: " in line]
+    assert compiled and not any("oneDNN-packed" in line for line in compiled)
 
 
 def test_newest_checkpoint_is_the_default(char_ckpt, monkeypatch):
@@ -259,8 +260,8 @@ def test_long_prompt_is_cropped(char_ckpt, capsys):
         (["top_k=0"], ValueError, r"top_k=0 must be an integer >= 1"),
         (["num_samples=0", "dtype=float8"], ValueError, r"num_samples=0 .*dtype='float8'"),
         (["decoder=static"], ValueError, r"decoder='static' must be one of auto, eager, compiled"),
-        (["prompt=@missing.txt"], FileNotFoundError, r"prompt file missing\.txt not found"),
-        (["prompts=@missing.txt"], FileNotFoundError, r"prompt file missing\.txt not found"),
+        (["prompt=@missing.txt"], FileNotFoundError, r"prompt=@missing\.txt does not exist"),
+        (["prompts=@missing.txt"], FileNotFoundError, r"prompts=@missing\.txt does not exist"),
         (["prompts=hear"], ValueError, r"prompts='hear' must name a file, prompts=@path"),
         (["prompt=hear", "prompts=@p.txt"], ValueError, "give one of prompt, prompt_file and "),
         (["prompts=@p.txt", "attention_map=x.png"], ValueError, "attention_map draws one prompt"),

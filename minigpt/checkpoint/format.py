@@ -4,9 +4,8 @@ A checkpoint is a dict saved with ``torch.save`` (through Lightning Fabric while
 tensors and plain types only, so ``torch.load(weights_only=True)`` reads it:
 
 - ``minigpt``: ``checkpoint_metadata(...)``, the model config and the tokenizer, enough to
-  rebuild the model without the YAML or the data directory (and a chat model's template); a
-  float32 CPU run's kernel decisions under ``cpu_kernels`` (``minigpt.cpu.Applied.kernels``),
-  which its resume applies again (checkpoints without them measure as a new run does);
+  rebuild the model without the YAML or the data directory (and a chat model's template;
+  checkpoints of earlier versions may hold other keys here, e.g. ``cpu_kernels``: ignored);
 - the model's weights, prefixed ``model.`` (the training module's attribute, never
   ``_orig_mod.``): under ``model`` in ``format_version`` 2, under ``state_dict`` in version 1
   (written by Lightning's Trainer; still read and resumed);
@@ -28,7 +27,6 @@ from pathlib import Path
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 METADATA_KEY = "minigpt"
-CPU_KERNELS_KEY = "cpu_kernels"  # in the metadata: minigpt.cpu.Applied.kernels of the run
 MODEL_PREFIX = "model."
 WEIGHTS_KEYS = ("model", "state_dict")  # where the weights sit: version 2, version 1
 # minigpt.train.loop.Progress, at the top level
@@ -45,10 +43,9 @@ MODEL_FILE = "model.ckpt"  # the consolidated file, next to a sharded last.ckpt
 
 
 def checkpoint_metadata(model_config: dict, tokenizer: dict,
-                        chat_template: dict | None = None, cpu_kernels: dict | None = None) -> dict:
+                        chat_template: dict | None = None) -> dict:
     """What ``generate.py`` needs to rebuild the model: plain dicts only (weights_only-safe).
-    A fine-tuned chat model adds its template (``minigpt.chat.template``, key ``chat_template``);
-    a run with float32 CPU kernel decisions adds them (key ``cpu_kernels``)."""
+    A fine-tuned chat model adds its template (``minigpt.chat.template``, key ``chat_template``)."""
     from minigpt import __version__
 
     return {
@@ -57,7 +54,6 @@ def checkpoint_metadata(model_config: dict, tokenizer: dict,
         "model_config": dict(model_config),
         "tokenizer": dict(tokenizer),
         **({"chat_template": dict(chat_template)} if chat_template is not None else {}),
-        **({CPU_KERNELS_KEY: dict(cpu_kernels)} if cpu_kernels is not None else {}),
     }
 
 

@@ -18,7 +18,6 @@ import torch
 from lightning.fabric import Fabric
 
 from minigpt.checkpoint.format import (
-    CPU_KERNELS_KEY,
     LEGACY_KEYS,
     METADATA_KEY,
     PROGRESS_KEYS,
@@ -43,8 +42,7 @@ class ResumePoint:
     tokenizer: dict
     format_version: int
     optimizers: frozenset | None  # the optimizers' names in a whole file; None: not known
-    batch: dict | None = None  # the run's batch (minigpt.train.auto_batch.batch_record)
-    cpu_kernels: dict | None = None  # the float32 CPU kernels the run applied (minigpt.cpu)
+    batch: dict | None = None  # the run's batch (minigpt.train.plan.batch_record)
 
 
 def read_resume_point(path: str, max_steps: int) -> ResumePoint:
@@ -65,9 +63,8 @@ def read_resume_point(path: str, max_steps: int) -> ResumePoint:
     # each optimizer has a scheduler of its name (minigpt.train.optim.checkpoint_name)
     optimizers = None if version < 2 or is_sharded_checkpoint(path) \
         else frozenset(checkpoint.get("schedulers") or ())
-    kernels = meta.get(CPU_KERNELS_KEY)  # checked where applied (minigpt.cpu)
     return ResumePoint(str(path), step, model_config, dict(meta["tokenizer"]), version, optimizers,
-                       checkpoint.get("batch"), kernels if isinstance(kernels, dict) else None)
+                       checkpoint.get("batch"))
 
 
 def model_differences(resume: ResumePoint, model_config: dict, *, skip=()) -> list[str]:

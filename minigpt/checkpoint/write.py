@@ -51,11 +51,9 @@ class DirectCheckpointIO(TorchCheckpointIO):
 
 
 def training_state(module, optimizers: dict, schedulers: dict, data, progress: dict,
-                   model_config: dict, tokenizer: dict, chat_template: dict | None = None,
-                   cpu_kernels: dict | None = None) -> dict:
+                   model_config: dict, tokenizer: dict, chat_template: dict | None = None) -> dict:
     """The state ``fabric.save`` writes: ``optimizers`` by name (``optimizer``, ``muon``) and
-    their schedulers' states under ``schedulers``; ``chat_template`` for a run on conversations;
-    ``cpu_kernels``: the float32 CPU kernel decisions the run applied (``minigpt.cpu``).
+    their schedulers' states under ``schedulers``; ``chat_template`` for a run on conversations.
     Collective (every process's RNG state is gathered)."""
     return {
         "model": module,
@@ -64,7 +62,7 @@ def training_state(module, optimizers: dict, schedulers: dict, data, progress: d
         "data": data.state_dict(),
         **progress,  # format.PROGRESS_KEYS
         "rng_states": _gather(rng_state()),
-        METADATA_KEY: checkpoint_metadata(model_config, tokenizer, chat_template, cpu_kernels),
+        METADATA_KEY: checkpoint_metadata(model_config, tokenizer, chat_template),
     }
 
 

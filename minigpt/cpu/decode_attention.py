@@ -3,9 +3,10 @@
 A one-token step attends one query per head over the cached keys. SDPA's CPU kernel is a call
 out of the compiled program with its own set-up (tens of microseconds a layer) that splits the
 step's fused loops in two at every layer; written as products and sums, the same attention
-becomes loops inductor fuses with the projections around it (``bench/README.md``: about 2 ms a
-token for GPT-2 small). Eagerly (the prompt, an eager step) SDPA's kernel is the faster, so
-``MultiHeadAttention`` calls this only inside a compiled step.
+becomes loops inductor fuses with the projections around it (``bench/README.md``). Eagerly (the
+prompt, an eager step) SDPA's kernel is the faster, so ``fuse_into_compiled_steps`` routes an
+attention's one-query step here only inside a compiled step, patching the instance from outside
+(as ``minigpt.cpu.blocks`` does for blocks): the core's ``MultiHeadAttention`` knows nothing of it.
 
 Shape letters: B batch, nh query heads, nkv key/value heads (nh a multiple of it: GQA), L cached
 slots, hd head size, g query heads per key/value head.
@@ -13,7 +14,8 @@ slots, hd head size, g query heads per key/value head.
 
 from __future__ import annotations
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 
 
 def one_query_attention(q: Tensor, keys: Tensor, values: Tensor,
@@ -33,3 +35,23 @@ def one_query_attention(q: Tensor, keys: Tensor, values: Tensor,
     weights = scores.softmax(dim=-2)
     out = (weights * values.unsqueeze(2)).sum(-2)  # (B, nkv, g, hd)
     return out.view(B, nh, 1, hd)
+
+
+def fuse_into_compiled_steps(attention: nn.Module) -> bool:
+    """Make ``attention`` (a ``MultiHeadAttention``) attend one query over its cache with
+    ``one_query_attention`` inside a compiled step, in place (an instance attribute: the class
+    and its other instances unchanged); every other call takes its own path. Returns whether it
+    was patched now (False: already)."""
+    cached = attention._cached_attention
+    if getattr(cached, "fused_one_query", False):
+        return False
+
+    def cached_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
+                         dropout_p: float) -> Tensor:
+        if q.shape[2] == 1 and dropout_p == 0.0 and torch.compiler.is_compiling():
+            return one_query_attention(q, keys, values, mask)
+        return cached(q, keys, values, mask, dropout_p)
+
+    cached_attention.fused_one_query = True
+    attention._cached_attention = cached_attention
+    return True

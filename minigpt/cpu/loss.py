@@ -10,8 +10,8 @@ copies again); not allocating them saves memory traffic and page faults, which m
 bfloat16 where the matmuls themselves are cheap.
 
 ``ChunkedNextTokenLoss`` uses it in place of the model's ``NextTokenLoss``
-(``minigpt.cpu.speed_up_training``). Under ``torch.autocast`` the matmuls run in the autocast dtype (as ``nn.Linear`` would) and the
-softmax in float32 (as the usual ``logits.float()``). Shape letters: N rows (B * T), C features,
+(``minigpt.cpu.speed_up_training``). Under ``torch.autocast`` the matmuls run in the autocast
+dtype (as ``nn.Linear`` would) and the softmax in float32 (as the usual ``logits.float()``). Shape letters: N rows (B * T), C features,
 V vocabulary.
 """
 
@@ -20,8 +20,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from minigpt.cpu.linear import uses_onednn
-from minigpt.cpu.onednn import matmul_nt
 from minigpt.model import NextTokenLoss
 
 # Logits per chunk (128 MiB in float32): big enough that each chunk's matmuls run at full speed
@@ -30,11 +28,9 @@ _CHUNK_ELEMENTS = 2**25
 
 
 def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = -100,
-                         chunk_rows: int | None = None, softcap: float | None = None,
-                         onednn: bool = True) -> Tensor:
+                         chunk_rows: int | None = None, softcap: float | None = None) -> Tensor:
     """Mean cross-entropy of logits ``h @ weight.T`` (soft-capped to ``softcap * tanh(z /
-    softcap)`` in float32 when given) against ``targets``; float32 matmuls on oneDNN when
-    ``onednn`` (else PyTorch's default GEMM).
+    softcap)`` in float32 when given) against ``targets``.
 
     ``h`` (N, C), ``weight`` (V, C), ``targets`` (N,) int; targets equal to ``ignore_index`` do not
     count. Returns a float32 scalar (NaN if every target is ignored, as ``F.cross_entropy``).
@@ -46,9 +42,8 @@ def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, ignore_inde
         raise ValueError(f"targets must have shape ({h.shape[0]},), got {tuple(targets.shape)}")
     chunk = chunk_rows or max(1, _CHUNK_ELEMENTS // weight.shape[0])
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(h, weight, targets, ignore_index, chunk, softcap, onednn)
-    loss, _, _ = _forward(h, weight, targets, ignore_index, chunk, softcap, onednn,
-                          need_grads=False)
+        return _LinearCrossEntropy.apply(h, weight, targets, ignore_index, chunk, softcap)
+    loss, _, _ = _forward(h, weight, targets, ignore_index, chunk, softcap, need_grads=False)
     return loss
 
 
@@ -59,8 +54,7 @@ def _compute_dtype(h: Tensor) -> torch.dtype:
 
 
 def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chunk: int,
-             softcap: float | None, allow_onednn: bool,
-             need_grads: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+             softcap: float | None, need_grads: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
     dtype = _compute_dtype(h)
     hc, wc = h.detach().to(dtype), weight.detach().to(dtype)
     N, V = h.shape[0], weight.shape[0]
@@ -73,20 +67,15 @@ def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chun
     scale = 1.0 / n_valid.clamp(min=1).to(torch.float32)
     chunk = -(-N // -(-N // chunk))  # equal chunks (no small last one) of at most `chunk` rows
     rows = min(chunk, N)
-    # Float32 on the CPU: oneDNN's GEMMs (minigpt.cpu.linear); they allocate their results.
-    onednn = allow_onednn and uses_onednn(hc, wc)
     # Buffers reused by every chunk: fresh large tensors cost page faults on each allocation.
-    logits = None if onednn else torch.empty(rows, V, dtype=dtype, device=h.device)
+    logits = torch.empty(rows, V, dtype=dtype, device=h.device)
     logits32 = logits if dtype == torch.float32 else torch.empty(rows, V, device=h.device)
     probs_buffer = torch.empty(rows, V, device=h.device)
     capped_buffer = torch.empty(rows, V, device=h.device) if softcap is not None else None
     for start in range(0, N, chunk):
         end = min(start + chunk, N)
         n = end - start
-        if onednn:
-            z = matmul_nt(hc[start:end], wc)  # (n, V)
-        else:
-            z = torch.mm(hc[start:end], wc.t(), out=logits[:n])  # (n, V)
+        z = torch.mm(hc[start:end], wc.t(), out=logits[:n])  # (n, V)
         z32 = z if dtype == torch.float32 else logits32[:n].copy_(z)
         tanh = None
         if softcap is not None:  # z32 keeps tanh(z / cap) for the backward, z32 the capped logits
@@ -110,31 +99,22 @@ def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chun
                 probs.mul_(tanh.square_().neg_().add_(1.0))
             # In the matmul dtype, as autocast's backward would use; z is free to reuse.
             g = probs if dtype == torch.float32 else z.copy_(probs)
-            grad_w = _chunk_grads(g, hc[start:end], wc, row_scale, grad_h[start:end], grad_w,
-                                  onednn)
-    if onednn and grad_w is not None:
-        grad_w = grad_w.t()  # (V, C), laid out like the weight by autograd
+            grad_w = _chunk_grads(g, hc[start:end], wc, row_scale, grad_h[start:end], grad_w)
     loss = losses.sum() / n_valid.to(torch.float32)
     return loss, grad_h, grad_w
 
 
 def _chunk_grads(g: Tensor, h_rows: Tensor, wc: Tensor, row_scale: Tensor, grad_h_rows: Tensor,
-                 grad_w: Tensor | None, onednn: bool) -> Tensor:
+                 grad_w: Tensor | None) -> Tensor:
     """Write this chunk's input gradient into ``grad_h_rows`` (n, C) and add its weight gradient
-    to ``grad_w`` (None for the first chunk); return ``grad_w``: (C, V) on oneDNN, else (V, C).
+    to ``grad_w`` (None for the first chunk); return ``grad_w`` (V, C).
 
     ``g`` (n, V) is softmax - one-hot. The row scale is applied to the (n, C) operands and
     results, not to the (n, V) matrix: one pass over the logits fewer."""
     dtype = g.dtype
-    if onednn:
-        grad_h_rows.copy_(matmul_nt(g, wc.t()))  # (n, C)
-    else:
-        torch.mm(g, wc, out=grad_h_rows)  # (n, C)
+    torch.mm(g, wc, out=grad_h_rows)  # (n, C)
     grad_h_rows.mul_(row_scale[:, None].to(dtype))
     h_scaled = h_rows * row_scale[:, None].to(dtype)  # (n, C)
-    if onednn:  # accumulated as (C, V): oneDNN then reads g in place (minigpt.cpu.linear)
-        chunk_grad_w = matmul_nt(h_scaled.t(), g.t())  # (C, V)
-        return chunk_grad_w if grad_w is None else grad_w.add_(chunk_grad_w)
     if grad_w is None:
         return torch.mm(g.t(), h_scaled).float()  # (V, C)
     if dtype == torch.float32:  # accumulated inside the matmul
@@ -144,8 +124,8 @@ def _chunk_grads(g: Tensor, h_rows: Tensor, wc: Tensor, row_scale: Tensor, grad_
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, targets, ignore_index, chunk, softcap, onednn):
-        loss, grad_h, grad_w = _forward(h, weight, targets, ignore_index, chunk, softcap, onednn,
+    def forward(ctx, h, weight, targets, ignore_index, chunk, softcap):
+        loss, grad_h, grad_w = _forward(h, weight, targets, ignore_index, chunk, softcap,
                                         need_grads=True)
         ctx.save_for_backward(grad_h, grad_w)
         ctx.dtypes = (h.dtype, weight.dtype)
@@ -159,18 +139,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # The saved gradients are ours alone (computed in forward): scale them in place.
         grad_h = grad_h.mul_(grad_loss).to(h_dtype) if ctx.needs_input_grad[0] else None
         grad_w = grad_w.mul_(grad_loss).to(w_dtype) if ctx.needs_input_grad[1] else None
-        return grad_h, grad_w, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None
 
 
 class ChunkedNextTokenLoss(nn.Module):
     """``minigpt.model.NextTokenLoss`` through ``linear_cross_entropy``: the same value and
     gradients, without the (B, T, V) logits. A bias on the head (GPT-2 has none) or fp16 autocast
-    (whose loss scale arrives too late for these fp16 gradient terms) take the plain path.
-    ``onednn``: its float32 matmuls on oneDNN (where ``minigpt.cpu.tuning`` found it faster)."""
+    (whose loss scale arrives too late for these fp16 gradient terms) take the plain path."""
 
-    def __init__(self, logit_softcap: float | None = None, onednn: bool = True):
+    def __init__(self, logit_softcap: float | None = None):
         super().__init__()
-        self.logit_softcap, self.onednn = logit_softcap, onednn
+        self.logit_softcap = logit_softcap
 
     def forward(self, hidden: Tensor, head: nn.Linear, targets: Tensor,
                 ignore_index: int = -100) -> Tensor:
@@ -179,6 +158,5 @@ class ChunkedNextTokenLoss(nn.Module):
         if head.bias is not None or fp16:
             return NextTokenLoss(self.logit_softcap)(hidden, head, targets, ignore_index)
         return linear_cross_entropy(hidden.flatten(0, 1), head.weight, targets.flatten(),
-                                    ignore_index=ignore_index, softcap=self.logit_softcap,
-                                    onednn=self.onednn)
+                                    ignore_index=ignore_index, softcap=self.logit_softcap)
 

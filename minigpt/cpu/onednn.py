@@ -1,8 +1,12 @@
-"""oneDNN's linear op, the one CPU kernel the speedups in this package build on.
+"""oneDNN's linear op, the kernel of the eager decoding layout, and what this CPU lets it do.
 
-``torch.ops.mkldnn._linear_pointwise(a, b, bias, ...)`` computes ``a @ b.T + bias`` for 2-D
-operands and reads a strided ``b`` in place. It is a private op, so ``available()`` checks it once
-on a small product (on first use, never at import) before anything trusts it.
+``pack(weight, dtype)`` lays a weight out for oneDNN (``torch.ops.mkldnn._reorder_linear_weight``)
+and ``linear(x, packed, bias)`` computes ``x @ weight.T + bias`` from that copy
+(``torch.ops.mkldnn._linear_pointwise``). Both are private ops, so ``available()`` (float32) and
+``packs_bfloat16()`` try them once on a tiny product (on first use, never at import) before
+anything trusts them. oneDNN's bfloat16 path needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; on an
+AVX2-only CPU (AMD Zen 1-3, many Intel desktop and laptop chips) the ops raise, and
+``packs_bfloat16()`` is False.
 """
 
 from __future__ import annotations
@@ -13,21 +17,43 @@ import torch
 from torch import Tensor
 
 
-def matmul_nt(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``a @ b.T (+ bias)`` for 2-D CPU tensors, on oneDNN. ``b`` may be any strided view (read
-    in place); a non-contiguous ``a`` is copied first."""
-    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
+def pack(weight: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """A copy of ``weight`` (out, in) in ``dtype``, blocked for products of one row (any row
+    count works)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), 1)
+
+
+def linear(x: Tensor, packed: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ W.T + bias`` for rows ``x`` (N, in) in ``packed``'s dtype, ``packed = pack(W)``."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _multiplies(dtype: torch.dtype) -> bool:
+    """A packed product in ``dtype`` runs here and gives ``a @ b.T``."""
+    try:
+        if not torch.backends.mkldnn.is_available():
+            return False
+        a = (torch.arange(32, dtype=torch.float32).view(8, 4) / 8).to(dtype)  # no RNG: seeds alone
+        b = (torch.arange(24, dtype=torch.float32).view(6, 4) / 8).to(dtype)  # exact in bf16
+        return torch.allclose(linear(a, pack(b, dtype)).float(), a.float() @ b.float().T,
+                              rtol=1e-2, atol=1e-2)
+    except (AttributeError, RuntimeError):  # a PyTorch without the op, a CPU without the path
+        return False
 
 
 @functools.cache
 def available() -> bool:
-    """PyTorch has oneDNN and its linear op multiplies a strided weight as this package expects;
-    a PyTorch version where the op behaves differently gets ``False`` (plain layers), not errors."""
-    try:
-        if not torch.backends.mkldnn.is_available():
-            return False
-        a = torch.arange(32, dtype=torch.float32).view(8, 4) / 7  # no RNG: leave seeds alone
-        b = torch.arange(24, dtype=torch.float32).view(4, 6) / 5
-        return torch.allclose(matmul_nt(a, b.t()), a @ b, rtol=1e-5, atol=1e-5)
-    except (AttributeError, RuntimeError):
-        return False
+    """PyTorch has oneDNN and its packed float32 linear behaves as this package expects; else
+    ``False`` (plain layers), not errors."""
+    return _multiplies(torch.float32)
+
+
+@functools.cache
+def packs_bfloat16() -> bool:
+    """oneDNN packs and multiplies bfloat16 weights on this CPU (not on AVX2-only CPUs)."""
+    return available() and _multiplies(torch.bfloat16)
+
+
+def cpu_capability() -> str:
+    """The vector instructions PyTorch's kernels use here (e.g. 'AVX2', 'AVX512')."""
+    return torch.backends.cpu.get_cpu_capability()

@@ -175,7 +175,6 @@ class Loop:
         self.pending_rng: dict | None = None  # restored once the training batches are ready
         self.stop: StopRequest | None = None
         self.lrs: dict = {}  # the learning rates of the latest step, by name
-        self.cpu_kernels: dict | None = None  # minigpt.cpu's float32 kernels, for checkpoints
 
     @property
     def model(self) -> GPT:
@@ -350,8 +349,7 @@ class Loop:
         return training_state(self.module, self.optimizers, self.schedulers, self.data,
                               self.progress.as_dict(), self.model.config.to_dict(),
                               self.sampler.tokenizer.to_dict(),
-                              template.to_dict() if template is not None else None,
-                              self.cpu_kernels)
+                              template.to_dict() if template is not None else None)
 
     def save_and_exit(self) -> None:
         name, step = self.stop.signal_name, self.progress.global_step

@@ -35,7 +35,7 @@ from minigpt.checkpoint.restore import (
 )
 from minigpt.checkpoint.write import CheckpointFiles
 from minigpt.config import TrainSchema, typed
-from minigpt.cpu import Applied, speed_up_training
+from minigpt.cpu import speed_up_training
 from minigpt.data import DataConfig, TokenDataModule, check_vocab_fits
 from minigpt.data.datamodule import prepare_tokens
 from minigpt.errors import ConfigError
@@ -117,11 +117,10 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
         check_resume_matches(resume, model_config, setup.tokenizer.to_dict())
     check_run_fits(plan, model_config)  # again with the exact vocabulary and architecture
     apply_activation_checkpointing(setup.model, plan.activation_checkpointing)  # then compile
-    cpu_kernels = apply_cpu_speedups(setup.model, plan, resume).kernels
+    apply_cpu_speedups(setup.model, plan)
     # Same initial weights on every rank (above); from here each rank draws its own dropout masks.
     Fabric.seed_everything(train.seed + fabric.global_rank, workers=True, verbose=False)
     loop = build_loop(train, fabric, plan, setup, run_dir)
-    loop.cpu_kernels = cpu_kernels  # stored in its checkpoints, applied again on resume
     choice = resolve_auto_batch(fabric, loop)  # before the data position is restored
     plan, train = loop.plan, _data_batch(train, loop.plan)
     if resume is not None:
@@ -213,14 +212,12 @@ def preflight(train: TrainSchema, plan: RunPlan, resume: ResumePoint | None) -> 
     check_run_fits(plan, model_config)
 
 
-def apply_cpu_speedups(model: GPT, plan: RunPlan, resume: ResumePoint | None = None) -> Applied:
-    """``minigpt.cpu.speed_up_training`` for a CPU run unless ``cpu_speedups=false`` (with the
-    kernels ``resume``'s checkpoint stored, if any); logs what it applied. Called once, after the
-    model is built and before compiling or FSDP wrapping."""
+def apply_cpu_speedups(model: GPT, plan: RunPlan) -> list[str]:
+    """``minigpt.cpu.speed_up_training`` for a CPU run unless ``cpu_speedups=false``; logs what
+    it applied. Called once, after the model is built and before compiling or FSDP wrapping."""
     if not plan.cpu_speedups:
-        return Applied()
-    applied = speed_up_training(model, precision=plan.precision, compiled=plan.compile,
-                                stored_kernels=resume.cpu_kernels if resume else None)
+        return []
+    applied = speed_up_training(model, precision=plan.precision, compiled=plan.compile)
     rank_zero_info(f"cpu speedups: {', '.join(applied) or 'none apply'}")
     return applied
 

@@ -63,3 +63,23 @@ def test_compiled_step_with_fused_attention_decodes_the_uncached_tokens(variant)
     torch._dynamo.reset()
     decoder = StaticDecoder(model, 2, compile=True, capacity=21)
     assert torch.equal(generate(model, idx, 18, temperature=0, decoder=decoder), expected)
+
+
+def test_the_fused_attention_patches_instances_only():
+    """The core's MultiHeadAttention carries no hook: the fused attention patches the decoded
+    model's instances (once), and another model keeps the class's own method."""
+    from minigpt.attention import MultiHeadAttention
+
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=64, context_length=24, n_layer=2, n_head=4, n_embd=32)
+    model, other = GPT(config), GPT(config)
+    assert speed_up_decoding(model, traceable=True)[-1] == \
+        "one-query attention fused into the compiled step (2)"
+    assert "_cached_attention" in vars(model.blocks[0].attn)
+    assert "_cached_attention" not in vars(other.blocks[0].attn)
+    assert not hasattr(MultiHeadAttention, "decode_attention")
+    for block in model.blocks:  # laid out again: patched already, nothing fused twice
+        block.attn.qkv = torch.nn.Linear(32, 96)
+        block.attn.out_proj = torch.nn.Linear(32, 32)
+    assert speed_up_decoding(model, traceable=True)[-1] == \
+        "one-query attention fused into the compiled step (0)"

@@ -27,7 +27,7 @@ def test_linear_cross_entropy_with_huge_logits_stays_exact():
 
 @pytest.mark.parametrize("chunk_rows", [None, 7])
 def test_linear_cross_entropy_matches_float64(chunk_rows):
-    """The float32 path (oneDNN's GEMMs on the CPU, see minigpt.cpu.linear) against float64 math."""
+    """The float32 path against float64 math."""
     torch.manual_seed(3)
     h = torch.randn(40, 24, requires_grad=True)
     weight = torch.randn(300, 24, requires_grad=True)
