@@ -12,6 +12,7 @@ import torch
 
 from minigpt.data import TokenDataModule
 from minigpt.data.bos import (
+    aligned_rows,
     best_fit_rows,
     cropped_fraction,
     document_starts,
@@ -19,6 +20,7 @@ from minigpt.data.bos import (
     packed_row_starts,
     row_pool,
 )
+from minigpt.data.config import DataError
 from minigpt.data.shards import write_shards
 from minigpt.documents import document_ids_of
 
@@ -28,25 +30,25 @@ EOT = 50256
 def test_document_starts_rows_and_crop_by_numbers():
     tokens = np.array([5, EOT, 1, 2, 3, EOT, 4, EOT, 6, 7, 8, 9, 10, EOT, 11, 12])
     starts = document_starts(tokens, EOT, chunk=4)  # chunks cut documents: found all the same
-    np.testing.assert_array_equal(starts, [0, 1, 5, 7, 13])
-    np.testing.assert_array_equal(row_pool(starts, len(tokens), 4), [0, 1, 5, 7])
-    # rows of 4 inputs: 0 (0..3), then the first start >= 4 is 5 (5..8), then >= 9: 13 does
+    np.testing.assert_array_equal(starts, [1, 5, 7, 13])  # not 0: the stream begins mid-document
+    np.testing.assert_array_equal(row_pool(starts, len(tokens), 4), [1, 5, 7])
+    # rows of 4 inputs: 1 (1..4), then the first start >= 5 is 5 (5..8), then >= 9: 13 does
     # not fit a row of 5 tokens
     rows = packed_row_starts(starts, len(tokens), 4)
-    np.testing.assert_array_equal(rows, [0, 5])
+    np.testing.assert_array_equal(rows, [1, 5])
     assert cropped_fraction(rows, len(tokens), 4) == pytest.approx(1 - 8 / 16)
 
 
 def test_best_fit_rows_by_numbers():
     tokens = np.array([1, 2, EOT, 3, EOT, 4, 5, 6, 7, EOT, 8, EOT, 1, 1, 1, 1, 1, 1, 1, EOT])
-    starts = document_starts(tokens, EOT)  # documents of 2, 2, 5, 2, 8, 1 tokens
+    starts = document_starts(tokens, EOT)  # documents of 2, 5, 2, 8, 1 tokens (1, 2 skipped)
     packed = best_fit_rows(starts, len(tokens), 4)  # rows of 5 tokens
-    # row 0: the 5-token document; row 1: 2 + 2 + 1; row 2: 2, then nothing fits the 3 left:
-    # the shortest waiting document (8 tokens) is cropped to 3
+    # row 0: the 5-token document; row 1: 2 + 2 + 1; row 2: nothing fits: the shortest
+    # waiting document (8 tokens) is cropped to 5
     np.testing.assert_array_equal(tokens[packed.token_index(np.arange(len(packed)))],
-                                  [[EOT, 4, 5, 6, 7], [EOT, 8, EOT, 3, EOT], [1, 2, EOT, 1, 1]])
+                                  [[EOT, 4, 5, 6, 7], [EOT, 8, EOT, 3, EOT], [EOT, 1, 1, 1, 1]])
     assert packed.used_tokens() == 15
-    np.testing.assert_array_equal(packed.token_index(np.array([2, 0]))[:, 0], [0, 4])
+    np.testing.assert_array_equal(packed.token_index(np.array([2, 0]))[:, 0], [11, 4])
 
 
 def reference_best_fit(lengths: list[int], row: int, buffer: int) -> list[list[tuple]]:
@@ -147,8 +149,11 @@ def test_bos_and_document_mask_train_end_to_end(tmp_path):
 
     from minigpt.train.run import run
 
+    shard_data(tmp_path)  # documents of 3..29 tokens as shards
     root = Path(__file__).resolve().parents[1]
-    overrides = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32",
+    overrides = ["data=shards", f"data.train_shards={tmp_path / 'fw_train_*'}",
+                 f"data.val_shards={tmp_path / 'fw_val_*'}",
+                 "model.n_layer=1", "model.n_head=2", "model.n_embd=32",
                  "model.context_length=32", "model.document_mask=true", "data.align=bos",
                  "data.batch_size=2", "data.val_tokens=256", "trainer=cpu",
                  "trainer.enable_progress_bar=false", "logger=csv", "optim.warmup_steps=1",
@@ -200,3 +205,79 @@ def test_a_bad_packing_is_named():
 
     with pytest.raises(DataError, match=r"packing='tight' must be one of in_order, best_fit"):
         DataConfig(name="x", packing="tight")
+
+
+# ---- rows that are what they claim ------------------------------------------------------------
+
+
+def test_rows_start_only_at_bos_when_the_stream_begins_mid_document(tmp_path):
+    """llm.c cuts shards at a fixed size: a glob from the second shard on begins inside a
+    document. Its first tokens are skipped, as modded-nanogpt skips them: every row the data
+    module can draw or validate on starts at a BOS."""
+    shard_data(tmp_path)  # fw_train_000000..: 500 tokens each, the later ones mid-document
+    later = sorted(tmp_path.glob("fw_train_*.bin"))[1:]
+    tokens = np.concatenate([np.fromfile(p, dtype="<u2", offset=1024) for p in later])
+    assert tokens[0] != EOT  # the oracle: the stream begins mid-document
+    for packing in ("in_order", "best_fit"):
+        data = TokenDataModule(
+            {"name": "fw", "source": "shards", "train_shards": str(tmp_path / "fw_train_00000[1-9].bin"),
+             "val_shards": str(tmp_path / "fw_val_*"), "batch_size": 4, "val_tokens": 64,
+             "align": "bos", "packing": packing},
+            context_length=16, data_root=str(tmp_path / "none"))
+        data.setup()
+        stream = data.split_tokens("train").open()
+        if packing == "best_fit":
+            firsts = data._packed["train"].token_index(data._train_pool)[:, 0]
+        else:
+            firsts = data._train_pool
+        assert len(firsts) and (tokens[firsts] == EOT).all()
+        assert (stream[firsts] == EOT).all()
+        x = next(data.train_batches())[0]
+        assert (x[:, 0] == EOT).all()
+
+
+@pytest.mark.parametrize(("packing", "document_mask"), [("in_order", False), ("best_fit", True)])
+def test_a_corpus_without_bos_tokens_is_refused_with_their_count(tmp_path, packing,
+                                                                  document_mask):
+    """200,000 tokens and no BOS: before, every row was the same first row (rc 0)."""
+    tokens = np.random.default_rng(0).integers(0, EOT, 200_000).astype(np.uint16)
+    write_shards(tokens[:180_000], tmp_path, "nobos_train")
+    write_shards(tokens[180_000:], tmp_path, "nobos_val")
+    data = TokenDataModule(
+        {"name": "nobos", "source": "shards", "train_shards": str(tmp_path / "nobos_train_*"),
+         "val_shards": str(tmp_path / "nobos_val_*"), "align": "bos", "packing": packing},
+        context_length=64, data_root=str(tmp_path / "none"))
+    data.document_bos = EOT if document_mask else None
+    with pytest.raises(DataError, match=r"^data\.align=bos: the train split of nobos has "
+                                        r"180,000 tokens but 0 BOS tokens \(id 50256.*use "
+                                        r"data\.align=window") as refused:
+        data.setup()
+    assert "\n" not in str(refused.value)
+
+
+def test_a_prepared_corpus_of_one_document_is_refused(tmp_path):
+    """A prepared file of one long document (one end-of-text, after it): one row's worth of
+    documents for thousands of rows."""
+    from minigpt.data.prepare import prepare_dataset
+
+    (tmp_path / "book.txt").write_text("".join(f"line {i} of the one long book\n"
+                                               for i in range(3000)))
+    config = {"name": "book", "source": "files", "paths": [str(tmp_path / "book.txt")],
+              "tokenizer": "char", "val_split": "tail", "align": "bos",
+              "cache_dir": str(tmp_path / "hf")}
+    prepare_dataset(config, tmp_path / "data", progress=False)
+    data = TokenDataModule(config, context_length=32, data_root=str(tmp_path / "data"))
+    with pytest.raises(DataError, match=r"the train split of book has [\d,]+ tokens but 1 BOS "
+                                        r"tokens .* would hold 0\.0% of it"):
+        data.setup()
+
+
+def test_enough_documents_pass_and_the_share_held_is_the_oracles():
+    """Documents of 40 tokens in rows of 17: in order, a row holds 16 inputs of each document
+    (the rest is cropped), 40% of the stream: above MIN_COVERAGE, so accepted."""
+    tokens = np.tile(np.r_[EOT, np.arange(1, 40)], 50)
+    pool, rows, packed = aligned_rows(tokens, EOT, 16, "in_order", "this stream")
+    assert packed is None and len(rows) == 50 and (tokens[rows] == EOT).all()
+    assert cropped_fraction(rows, len(tokens), 16) == pytest.approx(1 - 16 / 40)
+    with pytest.raises(DataError, match=r"this stream has 2,000 tokens but 50 BOS"):
+        aligned_rows(tokens, EOT, 1, "in_order", "this stream")  # 1 input a row: 2.5% held

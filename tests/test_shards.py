@@ -173,3 +173,19 @@ def test_a_prepared_dataset_becomes_shards(tmp_path, capsys):
         shard = ShardStream.from_glob(str(tmp_path / "shards" / f"two_{split}_*.bin"), 50257)
         assert shard[0] == EOT and flat[-1] == EOT
         np.testing.assert_array_equal(shard[1:len(shard)], flat[:-1])
+
+
+def test_an_id_beyond_the_vocabulary_is_found_when_the_run_opens_its_shards(tmp_path):
+    """Training reads batches at random: an id no batch has read yet is found when the run
+    opens its shards (every id checked), not when a batch happens to read it."""
+    from minigpt.data import TokenDataModule
+
+    tokens = np.random.default_rng(0).integers(0, 50257, 3000).astype(np.uint16)
+    tokens[::50] = 50256
+    tokens[2345] = 50300  # in the third train shard
+    write_shards(tokens[:2800], tmp_path, "fw_train", shard_tokens=1000)
+    write_shards(tokens[2800:], tmp_path, "fw_val")
+    data = TokenDataModule(shard_config(tmp_path), context_length=8, data_root=str(tmp_path / "no"))
+    with pytest.raises(DataError, match=r"fw_train_000002\.bin holds token id 50300 at token "
+                                        r"offset 345, beyond the tokenizer's 50257 ids"):
+        data.prepare_data()

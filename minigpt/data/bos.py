@@ -2,9 +2,11 @@
 
 A document begins at its BOS token (GPT-2's end-of-text: llm.c's shards put one before each
 document; minigpt's prepared files put one after each, which is the same stream from the second
-document on) and at the stream's first token. A row of T + 1 tokens from a document start holds
-that document and, packed in order after it, the ones that follow; a document longer than the
-row is cut there. Two packings (``data.packing``), neither with padding or ignored targets:
+document on), and only there: the tokens before a stream's first BOS are skipped, as
+modded-nanogpt's loader skips them (llm.c cuts its shards at a fixed size, so a shard after the
+first begins mid-document). A row of T + 1 tokens from a document start holds that document
+and, packed in order after it, the ones that follow; a document longer than the row is cut
+there. Two packings (``data.packing``), neither with padding or ignored targets:
 
 * ``in_order``: ``packed_row_starts`` lays rows end to end in stream order, each at the first
   document start at or after the previous row's end; ``cropped_fraction`` counts the tokens that
@@ -15,6 +17,9 @@ row is cut there. Two packings (``data.packing``), neither with padding or ignor
   token spans (``PackedRows``), gathered per batch; random rows draw row numbers.
 
 Both are pure functions of the token stream, so a resumed run rebuilds the same rows.
+``aligned_rows`` makes a split's rows and refuses a stream too few BOS tokens cut into
+documents (its rows would hold under ``MIN_COVERAGE`` of it: a corpus without BOS tokens
+would train on its first row again and again).
 """
 
 from __future__ import annotations
@@ -24,18 +29,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minigpt.data.config import DataError
+
 SCAN_CHUNK = 1 << 24  # tokens per vectorized scan of the memory map
 BEST_FIT_BUFFER = 1000  # documents best fit chooses among (nanochat's buffer)
+# The least share of a split its BOS-aligned rows must hold. Packing crops document tails
+# (nanochat's best fit about a third on FineWeb); far less means few documents, not packing.
+MIN_COVERAGE = 0.1
 
 
 def document_starts(tokens, bos_id: int, chunk: int = SCAN_CHUNK) -> np.ndarray:
-    """int64 offsets of every document start in ``tokens`` (a memory map or ``ShardStream``):
-    0 and each ``bos_id`` token, scanned ``chunk`` tokens at a time."""
-    found = [np.zeros(1, np.int64)]
+    """int64 offsets of every ``bos_id`` token in ``tokens`` (a memory map or ``ShardStream``),
+    scanned ``chunk`` tokens at a time: the document starts (the module docstring)."""
+    found = [np.zeros(0, np.int64)]
     for a in range(0, len(tokens), chunk):
         part = np.asarray(tokens[a:min(a + chunk, len(tokens))])
         found.append(np.flatnonzero(part == bos_id).astype(np.int64) + a)
-    return np.unique(np.concatenate(found))
+    return np.concatenate(found)
 
 
 def row_pool(starts: np.ndarray, n_tokens: int, context_length: int) -> np.ndarray:
@@ -124,3 +134,31 @@ def best_fit_rows(starts: np.ndarray, n_tokens: int, context_length: int,
         row_offsets.append(len(span_starts))
     return PackedRows(np.asarray(span_starts, np.int64), np.asarray(span_lengths, np.int64),
                       np.asarray(row_offsets, np.int64))
+
+
+def aligned_rows(tokens, bos_id: int, context_length: int, packing: str, where: str
+                 ) -> tuple[np.ndarray, np.ndarray, PackedRows | None]:
+    """``(pool, rows, packed)`` of one split's stream ``tokens``: the row starts random rows
+    draw from, the rows packed in order (``packed_row_starts``) or by best fit (``packed``:
+    then pool and rows are row numbers). A ``DataError`` naming ``where`` (e.g. "the train
+    split of fineweb") and its BOS count when the rows hold under ``MIN_COVERAGE`` of it."""
+    n, T = len(tokens), context_length
+    starts = document_starts(tokens, bos_id)
+    packed = None
+    if packing == "best_fit":
+        packed = best_fit_rows(starts, n, T)
+        pool = rows = np.arange(len(packed))
+        held = packed.used_tokens()
+    else:
+        pool = row_pool(starts, n, T)
+        rows = packed_row_starts(starts, n, T)
+        held = len(rows) * T  # their inputs (as cropped_fraction counts)
+    if held < MIN_COVERAGE * n:
+        raise DataError(
+            f"data.align=bos: {where} has {n:,} tokens but {len(starts):,} BOS tokens (id "
+            f"{bos_id}, each starting a document), so its {len(rows):,} rows of context_length "
+            f"+ 1 = {T + 1} tokens would hold {held / max(n, 1):.1%} of it (at least "
+            f"{MIN_COVERAGE:.0%} needed): use data.align=window (rows cut anywhere), a smaller "
+            f"context_length, or a corpus of many documents, each begun (llm.c shards) or ended "
+            f"(prepared files) by that token")
+    return pool, rows, packed

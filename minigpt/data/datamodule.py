@@ -24,14 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from minigpt.data.bos import (
-    PackedRows,
-    best_fit_rows,
-    document_starts,
-    draw_rows,
-    packed_row_starts,
-    row_pool,
-)
+from minigpt.data.bos import PackedRows, aligned_rows, draw_rows
 from minigpt.data.config import DataConfig, DataError
 from minigpt.data.epochs import batch_positions, epoch_rows, window_rows
 from minigpt.data.prepare import prepare_dataset
@@ -225,18 +218,11 @@ class TokenDataModule:
         bos, T = self.tokenizer.eot_id, self.context_length
         pools, rows = {}, {}
         for split in ("train", "val"):
-            tokens = self.split_tokens(split)
-            starts = document_starts(tokens.open(), bos)
-            if self.config.packing == "best_fit":
-                self._packed[split] = best_fit_rows(starts, len(tokens), T)
-                pools[split] = rows[split] = np.arange(len(self._packed[split]))  # row numbers
-            else:
-                pools[split] = row_pool(starts, len(tokens), T)
-                rows[split] = packed_row_starts(pools[split], len(tokens), T)
-            if not len(pools[split]):
-                raise DataError(f"no document of the {split} split of {self.config.name} starts "
-                                f"a full row of context_length + 1 = {T + 1} tokens; use a "
-                                f"smaller context_length or data.align=window")
+            pools[split], rows[split], packed = aligned_rows(
+                self.split_tokens(split).open(), bos, T, self.config.packing,
+                f"the {split} split of {self.config.name}")
+            if packed is not None:
+                self._packed[split] = packed
         self._train_pool, self._train_rows = pools["train"], rows["train"]
         keep = max(1, min(len(rows["val"]), self.config.val_tokens // T))
         self._val_starts = rows["val"][np.linspace(0, len(rows["val"]) - 1, keep)

@@ -146,12 +146,21 @@ class ShardStream:
                         f"{offset}, beyond the tokenizer's {vocab_size} ids: {_DAMAGED}")
 
     def check_ids(self, vocab_size: int) -> None:
-        """A ``DataError`` naming the shard and offset of the first id >= ``vocab_size``."""
+        """A ``DataError`` naming the shard and offset of the first id >= ``vocab_size``. A
+        shard found clean is not read again by this process while its file is unchanged."""
         for path, tokens in zip(self.paths, self.maps, strict=True):
+            stat = path.stat()
+            seen = (str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns, vocab_size)
+            if seen in _CLEAN:
+                continue
             bad, _ = find_bad_token(tokens, vocab_size, limit=len(tokens) + 1)
             if bad is not None:
                 raise DataError(f"{path} holds token id {bad[1]} at token offset {bad[0]}, "
                                 f"beyond the tokenizer's {vocab_size} ids: {_DAMAGED}")
+            _CLEAN.add(seen)
+
+
+_CLEAN: set[tuple] = set()  # shards ShardStream.check_ids read whole and found clean
 
 
 def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
@@ -196,7 +205,8 @@ def bos_first(flat_tokens: np.ndarray, eot_id: int) -> np.ndarray:
 def shards_meta(config) -> dict:
     """A data config with ``source=shards`` as a prepared dataset's meta: GPT-2's tokenizer,
     uint16, each split's token count from its shards' headers, a fingerprint of their names
-    and counts (so a resumed run can tell other shards)."""
+    and counts (so a resumed run can tell other shards). Every token id is checked against the
+    tokenizer's (``ShardStream.check_ids``: once per process and shard)."""
     from minigpt.tokenizer import get_tokenizer
 
     tokenizer = get_tokenizer("gpt2")
@@ -204,7 +214,7 @@ def shards_meta(config) -> dict:
             "tokenizer": tokenizer.to_dict()}
     identity = []
     for split in ("train", "val"):
-        stream = ShardStream.from_glob(getattr(config, f"{split}_shards"))
+        stream = ShardStream.from_glob(getattr(config, f"{split}_shards"), tokenizer.vocab_size)
         meta[f"{split}_tokens"] = len(stream)
         identity += [(p.name, n) for p, n in zip(stream.paths, stream.counts, strict=True)]
     meta["fingerprint"] = hashlib.sha256(repr(identity).encode()).hexdigest()[:20]
