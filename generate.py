@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from minigpt.config import GenerateSchema, config_errors, register_schemas, settings_problems, typed
 from minigpt.files import TextFileError, text_lines
+from minigpt.paths import check_paths
 
 SEPARATOR = "\n---------------\n"
 
@@ -33,6 +34,7 @@ def run(cfg: GenerateSchema | DictConfig, out=sys.stdout) -> list[str]:
 
     validate_sampling(cfg.temperature, cfg.top_k, cfg.top_p)  # fail before loading anything
     _check_options(cfg)
+    check_paths(cfg)  # every path given (prompt files, chat_input, chat_output, ...) first
     if cfg.chat:
         from minigpt.chat.cli import run_chat
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import codecs
 import errno
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
@@ -30,7 +31,7 @@ def atomic_write(target: str | os.PathLike, write: Callable[[Path], object]) -> 
     within one filesystem). On any failure, Ctrl-C included, the temporary file is removed and
     ``target`` is left as it was; a full disk raises ``DiskFullError``."""
     target = Path(target)
-    tmp = _new_file_beside(target)
+    tmp = new_file_beside(target)
     try:
         try:
             write(tmp)
@@ -45,7 +46,7 @@ def atomic_write(target: str | os.PathLike, write: Callable[[Path], object]) -> 
         tmp.unlink(missing_ok=True)
 
 
-def _new_file_beside(target: Path) -> Path:
+def new_file_beside(target: Path) -> Path:
     """A new, empty ``.<name>.<random>.tmp`` in ``target``'s directory. Opened with mode 0o666
     so that the umask decides its permissions (``tempfile.mkstemp`` makes every file 0600)."""
     for _ in range(100):
@@ -174,3 +175,62 @@ def refuse_binary(path: str | os.PathLike) -> None:
 
 def _binary(path, line: int) -> TextFileError:
     return TextFileError(f"{path}:{line}: binary content (a NUL byte), not text")
+
+
+def text_problem(path: str | os.PathLike, encoding: str = "utf-8") -> str | None:
+    """``<path>:<line>: <what>`` for the first line of ``path`` that is not ``encoding`` text
+    (or is binary), or the error reading it; None when all of it is text."""
+    try:
+        for _ in text_lines(path, encoding):
+            pass
+    except (TextFileError, OSError) as e:
+        return str(e)
+    return None
+
+
+def guess_encoding(path: str | os.PathLike) -> str:
+    """What text that is not UTF-8 probably is, from its byte-order mark: a guess for a
+    message, never used to read."""
+    with open(path, "rb") as f:
+        start = f.read(4)
+    if start[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+        return "utf-16"
+    return "utf-8-sig" if start[:3] == codecs.BOM_UTF8 else "latin-1 or cp1252"
+
+
+MAX_JSON_DEPTH = 1000  # far deeper than any corpus record; pyarrow's reader crashes on ~10000
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def check_text_files(files: list[str], encoding: str, json: bool = False) -> None:
+    """Before a library reads ``files`` as text: ``TextFileError`` naming the file and line of
+    binary content (a NUL byte early on) and, with ``json``, of a value nested deeper than
+    ``MAX_JSON_DEPTH``, which crashes pyarrow's reader (the process, not an exception)."""
+    for path in files:
+        if not encoding.lower().replace("_", "-").startswith(("utf-16", "utf-32")):
+            refuse_binary(path)  # text in those holds NUL bytes
+        if json:
+            refuse_deep_json(path)
+
+
+def refuse_deep_json(path: str | os.PathLike) -> None:
+    """``TextFileError`` at the first line of JSON text (one or more values, over any number of
+    lines) where brackets outside strings nest deeper than ``MAX_JSON_DEPTH``."""
+    depth = 0  # open brackets at the end of the lines so far (a .json file may span lines)
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if b'"' in line:  # JSON strings never span lines, and brackets in them do not count
+                line = _JSON_STRING.sub(b'""', line)
+            opens, closes = line.count(b"[") + line.count(b"{"), line.count(b"]") + line.count(b"}")
+            if depth + opens > MAX_JSON_DEPTH and _deepest(line, depth) > MAX_JSON_DEPTH:
+                raise TextFileError(f"{path}:{number}: JSON nested more than {MAX_JSON_DEPTH} "
+                                    "levels deep, not a corpus record")
+            depth = max(0, depth + opens - closes)
+
+
+def _deepest(line: bytes, depth: int) -> int:
+    deepest = depth
+    for bracket in re.findall(rb"[\[\]{}]", line):
+        depth += 1 if bracket in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+    return deepest

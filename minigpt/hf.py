@@ -159,12 +159,17 @@ def _resolve(name_or_path: str | os.PathLike) -> Path:
         raise PretrainedError(f"{path} is a file; pass the checkpoint directory holding "
                               "config.json and model.safetensors")
     name = str(name_or_path)
-    if name not in HUB_GPT2_NAMES and not _HUB_REPO_ID.match(name):
+    if not is_hub_name(name):
         raise FileNotFoundError(
             f"no such checkpoint directory: {name!r} (expected a directory with config.json and "
             f"model.safetensors or pytorch_model.bin, or a hub name like 'gpt2' or 'org/name')"
         )
     return _download(name)
+
+
+def is_hub_name(name: str) -> bool:
+    """Whether ``name`` reads as a Hugging Face Hub model (``gpt2``, ``org/name``)."""
+    return name in HUB_GPT2_NAMES or bool(_HUB_REPO_ID.match(name))
 
 
 def _download(repo_id: str) -> Path:

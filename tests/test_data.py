@@ -254,10 +254,10 @@ def one_line(excinfo) -> str:
 
 def test_missing_file_and_empty_glob(tmp_path):
     root = tmp_path / "data"
-    with pytest.raises(FileNotFoundError, match="no such file .*nope.txt") as e:
+    with pytest.raises(FileNotFoundError, match=r"data.paths\[0\]=.*nope.txt does not exist") as e:
         prepare_dataset(files_cfg(tmp_path, [tmp_path / "nope.txt"]), root, progress=False)
     one_line(e)
-    with pytest.raises(FileNotFoundError, match=r"'.*\*\.jsonl' matches no files") as e:
+    with pytest.raises(FileNotFoundError, match=r"=.*/\*\.jsonl matches no files") as e:
         prepare_dataset(files_cfg(tmp_path, [tmp_path / "*.jsonl"]), root, progress=False)
     one_line(e)
     assert not root.exists() or not list(root.iterdir())
@@ -527,7 +527,7 @@ def test_cli_prepares_without_littering(tmp_path):
                   cwd=work)
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
-        f"error: data.paths: no such file 'missing.txt' (cwd: {work})"]
+        f"error: data.paths[0]=missing.txt does not exist (cwd: {work}); check the spelling"]
 
 
 def test_cli_default_is_shakespeare_char_config():

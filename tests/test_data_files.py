@@ -11,7 +11,8 @@ import time
 import pytest
 
 from minigpt.data import DataError, prepare_dataset
-from minigpt.data.sources import MAX_JSON_DEPTH, expand_paths, glob_files
+from minigpt.files import MAX_JSON_DEPTH
+from minigpt.paths import expand_paths, glob_files
 
 
 def files_cfg(paths: list[str], **more) -> dict:
@@ -48,7 +49,7 @@ def test_a_symlink_loop_is_followed_once(tmp_path):
     (corpus / "again").symlink_to(corpus)
     (corpus / "and-again").symlink_to(corpus)  # two loops: glob would walk 2**40 paths
     start = time.perf_counter()
-    files = expand_paths([f"{corpus}/**/*.txt"])
+    files = expand_paths([f"{corpus}/**/*.txt"], "data.paths")
     assert time.perf_counter() - start < 5
     assert files == [str(corpus / f"{n}.txt") for n in range(3)]
     meta = prepare_dataset(files_cfg([f"{corpus}/**/*.txt"]), tmp_path / "data", progress=False)
@@ -61,7 +62,7 @@ def test_each_file_is_read_once_whatever_its_spelling(tmp_path):
     os.link(tmp_path / "a.txt", tmp_path / "hard.txt")
     (tmp_path / "b.txt").write_text("two\n")
     files = expand_paths([str(tmp_path / "a.txt"), f"{tmp_path}/*.txt",
-                          f"{tmp_path}/../{tmp_path.name}/b.txt"])
+                          f"{tmp_path}/../{tmp_path.name}/b.txt"], "data.paths")
     assert files == [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]
 
 

@@ -275,7 +275,7 @@ def test_command_line_arguments_become_hydra_overrides():
     (["attention", "ckpt_path=a.ckpt", "pretrained=gpt2", "prompt=hi", "prompt_file=p.txt"],
      "error: give ckpt_path or pretrained, not both; give prompt or prompt_file, not both"),
     (["runs"], "error: runs needs run directories: python -m minigpt.viz runs outputs/<run> ..."),
-    (["runs", "nowhere"], "error: run directory 'nowhere' does not exist"),
+    (["runs", "nowhere"], "error: runs[0]=nowhere does not exist (cwd: "),
 ])
 def test_command_line_errors_are_one_line(tmp_path, argv, line):
     """Bad input through the real command: exit status 2, one line naming the value (and the

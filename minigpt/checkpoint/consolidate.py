@@ -89,9 +89,21 @@ def main(argv: list[str] | None = None) -> int:
     merge.add_argument("--out", help=f"output file (default: {MODEL_FILE} beside the checkpoint)")
     args = parser.parse_args(argv)
     try:
+        check_arguments(args.source, args.out)
         out = consolidate(args.source, args.out)
     except (UserError, OSError, ValueError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return USER_ERROR_EXIT_CODE
     print(f"wrote {out}; sample with `python generate.py ckpt_path={out}`")
     return 0
+
+
+def check_arguments(source: str, out: str | None) -> None:
+    """The command's paths, before any checkpoint is read (``minigpt.paths``)."""
+    from minigpt.paths import INPUT_FILE_OR_DIR, OUTPUT_FILE, PathRole, path_error, value_problems
+
+    problems = value_problems("source", source, PathRole(INPUT_FILE_OR_DIR))
+    if out is not None:
+        problems += value_problems("--out", out, PathRole(OUTPUT_FILE))
+    if problems:
+        raise path_error(problems)

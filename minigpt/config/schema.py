@@ -16,6 +16,21 @@ from typing import Any
 
 from minigpt.data.config import DataConfig
 from minigpt.model import GPTConfig
+from minigpt.paths import (
+    INPUT_DIR,
+    INPUT_FILE,
+    INPUT_FILE_OR_DIR,
+    NO_MODEL,
+    NOT_A_PATH,
+    OUTPUT_DIR,
+    OUTPUT_FILE,
+    no_model_given,
+    path_field,
+)
+
+
+def _prepares_tokens(settings, _root) -> bool:  # data_root is read only then
+    return settings.data.source not in ("shards", "chat")
 
 
 class ActivationCheckpointing(str, enum.Enum):
@@ -35,7 +50,8 @@ class ModelSchema(GPTConfig):
 
     vocab_size: int | None = None  # null: the tokenizer's, padded to a multiple of 64; set to pin
     name: str = "gpt2_small"  # the preset, named in the run's description
-    init_from: str | None = None  # fine-tune: a Hugging Face GPT-2 directory or one of our .ckpt
+    # fine-tune: a Hugging Face GPT-2 directory or one of our .ckpt
+    init_from: str | None = path_field(INPUT_FILE_OR_DIR, hub_name=True)
 
     def __post_init__(self):
         pass  # checked with every other setting (minigpt.train.config.check_config)
@@ -142,7 +158,7 @@ class LoggerSchema:
 class SampleSchema:
     """``sample:`` in ``configs/train.yaml``: the text generated after each validation."""
 
-    prompt: str = "\n"
+    prompt: str = path_field(NOT_A_PATH, "\n")  # text
     max_new_tokens: int = 200  # 0: no samples
     temperature: float = 0.8
     top_k: int | None = None
@@ -156,8 +172,8 @@ class EvalSchema:
     tasks: list[str] = field(default_factory=lambda: ["hellaswag"])  # names or dotted paths
     every: int = 0  # every N validations; 0: off
     limit: int | None = 1000  # the first N items of each task; null: all
-    path: str | None = None  # the tasks' item file (HellaSwag's jsonl); null: each task's own
-    # default set, downloaded once
+    path: str | None = path_field(INPUT_FILE)  # the tasks' item file (HellaSwag's jsonl); null:
+    # each task's own default set, downloaded once
     batch_size: int = 16  # items per forward pass (HellaSwag: four rows each)
 
 
@@ -175,8 +191,10 @@ class TrainSchema:
     seed: int = 1337
     compile: Any = "auto"  # auto (on GPUs) | true (the loss as one graph) | blocks (each
     # transformer block compiled on its own, once) | false
-    ckpt_path: str | None = None  # resume: last (the newest outputs/**/last.ckpt) or a path
-    data_root: str = "data"  # prepared token files live in <data_root>/<data.name>/
+    # resume: last (the newest outputs/**/last.ckpt) or a path
+    ckpt_path: str | None = path_field(INPUT_FILE_OR_DIR, words=("last",))
+    # prepared token files live in <data_root>/<data.name>/ (token shards and chat: none)
+    data_root: str = path_field(OUTPUT_DIR, "data", when=_prepares_tokens)
     peak_flops: float | None = None  # device peak FLOP/s for MFU where not known
     threads: int | None = None  # CPU threads per process; null: torch's default
     cpu_speedups: Any = "auto"  # auto | false
@@ -187,19 +205,21 @@ class PrepareSchema:
     """``configs/prepare.yaml`` (``python -m minigpt.data``)."""
 
     data: DataSchema = field(default_factory=lambda: DataSchema(name="shakespeare_char"))
-    data_root: str = "data"
+    data_root: str = path_field(OUTPUT_DIR, "data", when=_prepares_tokens)
 
 
 @dataclass
 class GenerateSchema:
     """``configs/generate.yaml`` (``generate.py``)."""
 
-    ckpt_path: str | None = None
-    checkpoints_root: str = "outputs"
-    pretrained: str | None = None
-    prompt: str = ""
-    prompt_file: str | None = None
-    prompts: str | None = None  # @file.txt: one prompt per line, sampled as one batch
+    ckpt_path: str | None = path_field(INPUT_FILE_OR_DIR)
+    checkpoints_root: str = path_field(INPUT_DIR, "outputs", when=no_model_given,
+                                       missing=NO_MODEL)
+    pretrained: str | None = path_field(INPUT_DIR, hub_name=True)
+    prompt: str = path_field(INPUT_FILE, "", at_file=True)  # text, or @file.txt
+    prompt_file: str | None = path_field(INPUT_FILE)
+    # @file.txt: one prompt per line, sampled as one batch
+    prompts: str | None = path_field(INPUT_FILE, at_file=True)
     max_new_tokens: int = 500
     temperature: float = 0.8
     top_k: int | None = 200
@@ -213,11 +233,13 @@ class GenerateSchema:
     stream: bool | None = None
     stop_at_eot: bool = True
     crop_to: int | None = None
-    attention_map: str | None = None
+    attention_map: str | None = path_field(OUTPUT_FILE)  # a PNG
     attention_layer: Any = 0  # a layer index, or all
     chat: bool = False  # talk with a fine-tuned chat model in the terminal (minigpt.chat)
-    chat_input: str | None = None  # chat: answer each conversation of this .jsonl instead
-    chat_output: str | None = None  # chat_input: write {"reply", "reference"} lines here
+    # chat: answer each conversation of this .jsonl instead
+    chat_input: str | None = path_field(INPUT_FILE)
+    # chat_input: write {"reply", "reference"} lines here
+    chat_output: str | None = path_field(OUTPUT_FILE)
     chat_template: str | None = None  # null: the checkpoint's; default: the untrained template
 
 
@@ -227,21 +249,26 @@ class EvalCommandSchema:
 
     task: str = "hellaswag"  # hellaswag | harness (the `harness` first argument sets it) | the
     # dotted path of a minigpt.eval.task.Task subclass
-    ckpt_path: str | None = None  # a .ckpt file; null: the newest last.ckpt under checkpoints_root
-    checkpoints_root: str = "outputs"
-    pretrained: str | None = None  # a Hugging Face GPT-2 directory instead of a checkpoint
-    path: str | None = None  # the task's items (HellaSwag's jsonl; chat: conversations); null:
-    # the task's default set (HellaSwag: the validation set)
-    cache_dir: str = "data/eval"  # where the validation set is downloaded once
+    ckpt_path: str | None = path_field(INPUT_FILE_OR_DIR)  # a .ckpt file; null: the newest
+    # last.ckpt under checkpoints_root
+    checkpoints_root: str = path_field(INPUT_DIR, "outputs", when=no_model_given,
+                                       missing=NO_MODEL)
+    pretrained: str | None = path_field(INPUT_DIR, hub_name=True)  # a Hugging Face GPT-2
+    # directory instead of a checkpoint
+    # the task's items (HellaSwag's jsonl; chat: conversations); null: the task's default set
+    # (HellaSwag: the validation set)
+    path: str | None = path_field(INPUT_FILE)
+    # where the validation set is downloaded once (without path)
+    cache_dir: str = path_field(OUTPUT_DIR, "data/eval", when=lambda e, _: e.path is None)
     limit: int | None = None  # the first N items (harness: per task); null: all
     batch_size: int = 16  # HellaSwag: items per forward pass (4 rows each); harness: rows
-    out: str | None = None  # write the result as JSON here
+    out: str | None = path_field(OUTPUT_FILE)  # write the result as JSON here
     progress: bool = True  # a progress bar on stderr
     device: str = "auto"  # auto: cuda if available, else cpu
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     tasks: Any = None  # harness: lm-eval task names (tasks=lambada_openai,arc_easy)
     num_fewshot: int | None = None  # harness: examples in each prompt; null: each task's default
-    include_path: str | None = None  # harness: a directory of task YAMLs of your own
+    include_path: str | None = path_field(INPUT_DIR)  # harness: a directory of your task YAMLs
     max_gen_toks: int = 256  # harness: tokens generated when a task sets no limit
     apply_chat_template: bool = False  # harness: prompts as conversations in the chat template
     chat_template: str | None = None  # task=chat, apply_chat_template: null = the checkpoint's;
@@ -253,19 +280,25 @@ class VizSchema:
     """``configs/viz.yaml`` (``python -m minigpt.viz attention|runs``)."""
 
     command: str = "attention"  # attention | runs (the first argument sets it)
-    out: str | None = None  # the PNG to write; null: <command>.png
+    out: str | None = path_field(OUTPUT_FILE)  # the PNG to write; null: <command>.png
     # attention: heatmaps of a model's attention weights over a prompt
-    ckpt_path: str | None = None  # a .ckpt file; null: the newest last.ckpt under checkpoints_root
-    checkpoints_root: str = "outputs"
-    pretrained: str | None = None  # a Hugging Face GPT-2 directory instead of a checkpoint
-    prompt: str | None = None  # the text looked at; null: the opening line of Coriolanus
-    prompt_file: str | None = None  # read the prompt from this file instead
+    ckpt_path: str | None = path_field(INPUT_FILE_OR_DIR)  # a .ckpt file; null: the newest
+    # last.ckpt under checkpoints_root
+    checkpoints_root: str = path_field(INPUT_DIR, "outputs", when=lambda v, root: v.command ==
+                                       "attention" and no_model_given(v, root), missing=NO_MODEL)
+    pretrained: str | None = path_field(INPUT_DIR, hub_name=True)  # a Hugging Face GPT-2
+    # directory instead of a checkpoint
+    # the text looked at; null: the opening line of Coriolanus
+    prompt: str | None = path_field(NOT_A_PATH)
+    prompt_file: str | None = path_field(INPUT_FILE)  # read the prompt from this file instead
     layer: Any = 0  # a layer index (one heatmap per head), or all (one per layer, mean of heads)
     cpu_speedups: Any = "auto"  # auto | false: oneDNN-packed linear weights on the CPU
     device: str = "auto"  # auto: cuda if available, else cpu
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (minigpt/devices.py's rule)
     # runs: loss, learning rate and tokens/s of training runs
-    runs: list[str] = field(default_factory=list)  # run directories (with a CSV or wandb log)
+    # run directories (with a CSV or wandb log)
+    runs: list[str] = path_field(INPUT_DIR, default_factory=list,
+                                 when=lambda v, _: v.command == "runs")
     labels: list[str] | None = None  # legend names, one per run; null: the paths
     title: str | None = None  # the figure's title
 

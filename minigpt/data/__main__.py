@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 from minigpt.config import PrepareSchema, config_errors, register_schemas, typed
 from minigpt.data.prepare import prepare_dataset
 from minigpt.errors import one_line_errors
+from minigpt.paths import check_paths
 
 register_schemas()  # configs/prepare.yaml and data/*.yaml name their schemas
 
@@ -17,6 +18,7 @@ register_schemas()  # configs/prepare.yaml and data/*.yaml name their schemas
 def main(cfg: DictConfig) -> None:
     with one_line_errors():  # bad input: one line and exit status 2
         prepare = typed(cfg, PrepareSchema)  # the typed config, from here on
+        check_paths(prepare)  # data.paths, data_root, ...: before anything is read
         meta = prepare_dataset(prepare.data, prepare.data_root)
     print(summary(f"{prepare.data_root}/{meta['name']}", meta))
 

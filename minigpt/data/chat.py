@@ -11,17 +11,19 @@ the chat template and packed in memory when the run starts (``minigpt.chat.setup
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from minigpt.chat.rows import ROW_MODES, TOO_LONG, TRAIN_ON
 from minigpt.data.config import DataError
+from minigpt.paths import INPUT_GLOBS, path_field
 
 
 @dataclass
 class ChatSettings:
     """``data.source_args`` of ``data=chat``."""
 
-    val_paths: list[str] = field(default_factory=list)  # held-out .jsonl files; [] = val_fraction
+    # held-out .jsonl files; [] = val_fraction
+    val_paths: list[str] = path_field(INPUT_GLOBS, default_factory=list)
     train_on: str = "assistant"  # assistant: the loss on replies only; all: on every token
     rows: str = "packed"  # packed: whole conversations packed into rows; padded: one per row
     too_long: str = "drop"  # a conversation longer than a row: drop | truncate (counted)

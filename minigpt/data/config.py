@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from minigpt.errors import UserError
 from minigpt.field_rules import OneOf, Range, Satisfies, field_problems
+from minigpt.paths import INPUT_GLOBS, NOT_A_PATH, OUTPUT_DIR, PATHS_INSIDE, path_field
 from minigpt.tokenizer import TIKTOKEN_ENCODINGS
 
 SOURCES = ("shakespeare", "files", "hub", "shards", "chat")  # built in (shards: read as they
@@ -56,10 +57,13 @@ class DataConfig:
 
     name: str  # [prepare] directory under data_root
     source: str = "shakespeare"  # [prepare] shakespeare | files | hub | shards | a dotted path of your own
-    source_args: dict[str, Any] = field(default_factory=dict)  # [prepare] its keyword arguments
+    # [prepare] its keyword arguments (chat: ChatSettings)
+    source_args: dict[str, Any] = path_field(PATHS_INSIDE, default_factory=dict,
+                                             inside="minigpt.data.chat.ChatSettings",
+                                             when=lambda data, _: data.source == "chat")
     tokenizer: str = "gpt2"  # [prepare] char | gpt2 | r50k_base | p50k_base | cl100k_base | o200k_base
     # files: local paths or globs (relative to the working directory)
-    paths: list[str] = field(default_factory=list)  # [prepare]
+    paths: list[str] = path_field(INPUT_GLOBS, default_factory=list)  # [prepare]
     format: str = "auto"  # [prepare] auto (by extension) | text | json | parquet | csv
     sample_by: str = "document"  # [prepare] .txt: a document per file, line or paragraph
     text_field: str = "text"  # [prepare] column holding the text (json/parquet/csv/hub)
@@ -67,19 +71,20 @@ class DataConfig:
     # hub: datasets.load_dataset(hub_name, hub_config, data_files=..., split=..., streaming=...)
     hub_name: str | None = None  # [prepare]
     hub_config: str | None = None  # [prepare]
-    data_files: Any = None  # [prepare]
+    data_files: Any = path_field(NOT_A_PATH)  # [prepare] in the hub dataset, or local files
     split: str = "train"  # [prepare]
     revision: str | None = None  # [prepare]
     streaming: bool = False  # [prepare]
     # shards: llm.c .bin token shards (GPT-2 ids), used as they are (minigpt.data.shards)
-    train_shards: str | None = None  # glob of the training shards
-    val_shards: str | None = None  # glob of the validation shards
+    train_shards: str | None = path_field(INPUT_GLOBS)  # glob of the training shards
+    val_shards: str | None = path_field(INPUT_GLOBS)  # glob of the validation shards
     max_documents: int | None = None  # [prepare] cap on documents read
     max_tokens: int | None = None  # [prepare] stop after the document reaching this many tokens
     val_fraction: float = 0.1  # [prepare]
     val_split: str = "tail"  # [prepare] tail: last fraction of each document; document: whole docs
     num_proc: int = 1  # processes for datasets.map (tokenizer threads fill the remaining cores)
-    cache_dir: str | None = None  # datasets cache for files/hub (None: the Hugging Face default)
+    # datasets cache for files/hub (None: the Hugging Face default)
+    cache_dir: str | None = path_field(OUTPUT_DIR)
     batch_size: Any = 32  # training micro-batch size (per process); a training run takes auto
     tokens_per_step: int | None = None  # global batch in tokens; None: trainer.accumulate_grad_batches
     val_batch_size: int | None = None  # default: batch_size

@@ -10,7 +10,6 @@ shard is a one-line ``DataError`` naming the file and the fix.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ import numpy as np
 from minigpt.data.config import DataError
 from minigpt.data.tokens import find_bad_token
 from minigpt.files import atomic_write
+from minigpt.paths import glob_matches, input_problem
 
 MAGIC, VERSION = 20240520, 1
 HEADER_INTS = 256
@@ -31,11 +31,15 @@ _DAMAGED = "the shard is damaged or from another tokenizer; re-download it or wr
 
 
 def shard_paths(pattern: str) -> list[Path]:
-    """The files a glob names, sorted (shard 000000 first); none is a ``DataError``."""
-    paths = sorted(Path(p) for p in glob.glob(os.path.expanduser(pattern)))
+    """The files a glob names, sorted (shard 000000 first); none, or a match that is not a
+    readable file (a directory, a link loop, a FIFO), is a ``DataError``."""
+    paths = sorted(Path(p) for p in glob_matches(os.path.expanduser(pattern)))
     if not paths:
         raise DataError(f"no token shards match {pattern!r}; point the glob at llm.c .bin shards "
                         f"(e.g. data/fineweb10B/fineweb_train_*.bin)")
+    for path in paths:
+        if (problem := input_problem(str(path))) is not None:
+            raise DataError(f"the shard glob {pattern!r} matches {path}, which {problem}")
     return paths
 
 

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from minigpt.config import EvalCommandSchema, settings_problems, typed
 from minigpt.errors import UserError
+from minigpt.paths import check_paths
 
 
 def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
@@ -23,6 +24,9 @@ def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
     out = out or sys.stdout
     cfg = typed(cfg, EvalCommandSchema)
     _check_options(cfg)
+    if cfg.task == "harness":
+        _task_list(cfg.tasks)  # none given: say so first
+    check_paths(cfg)  # path, out, include_path, ...: before any item is scored
     check_device(cfg.device)  # before the items and the model are read
     result = _run_harness(cfg, out) if cfg.task == "harness" else _run_task(cfg, out)
     out.flush()

@@ -7,6 +7,7 @@ from typing import Any
 
 from minigpt.devices import DTYPES
 from minigpt.field_rules import OneOf, Range, Satisfies, field_problems
+from minigpt.paths import INPUT_DIR, INPUT_FILE_OR_DIR, NO_MODEL, no_model_given, path_field
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -15,9 +16,12 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 class ServeSchema:
     """``configs/serve.yaml``: what is served, where, and the limits every request meets."""
 
-    ckpt_path: str | None = None  # a .ckpt file; null: the newest last.ckpt under checkpoints_root
-    checkpoints_root: str = "outputs"
-    pretrained: str | None = None  # a Hugging Face GPT-2 directory instead of a checkpoint
+    ckpt_path: str | None = path_field(INPUT_FILE_OR_DIR)  # a .ckpt file; null: the newest
+    # last.ckpt under checkpoints_root
+    checkpoints_root: str = path_field(INPUT_DIR, "outputs", when=no_model_given,
+                                       missing=NO_MODEL)
+    pretrained: str | None = path_field(INPUT_DIR, hub_name=True)  # a Hugging Face GPT-2
+    # directory instead of a checkpoint
     model_name: str | None = None  # the id /v1/models lists; null: the checkpoint's file name
     host: str = "127.0.0.1"
     port: int = 8000

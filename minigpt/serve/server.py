@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 
 from minigpt.errors import ConfigError, UserError
+from minigpt.paths import check_paths
 from minigpt.serve.config import ServeSchema, is_loopback, serve_problems
 from minigpt.serve.engine import Engine
 from minigpt.serve.service import Service
@@ -41,6 +42,7 @@ def check_settings(settings: ServeSchema) -> None:
                         f"key: set api_key=... or {API_KEY_ENV}, or bind host=127.0.0.1")
     if problems:
         raise ConfigError("; ".join(problems))
+    check_paths(settings)  # ckpt_path, pretrained, checkpoints_root: before the model loads
 
 
 def load_service(settings: ServeSchema) -> Service:

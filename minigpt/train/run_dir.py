@@ -15,8 +15,6 @@ import socket
 from datetime import datetime
 from pathlib import Path
 
-from lightning.fabric.utilities import rank_zero_only
-
 from minigpt.errors import ConfigError, first_line
 
 # The advisory lock a training process holds on its run directory; it holds "<pid> <host>".
@@ -35,6 +33,19 @@ def run_id() -> str:
     if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in env:
         return f"slurm-{env['SLURM_JOB_ID']}-{env.get('SLURM_STEP_ID', '0')}"
     return datetime.now().strftime("%H-%M-%S")
+
+
+def launch_rank() -> int:
+    """This process's rank in its launch: Lightning's ``rank_zero_only.rank`` once Lightning set
+    it, else the launcher's environment read as Lightning reads it (train.py takes the run
+    directory and checks its config before it imports Lightning)."""
+    from lightning_utilities.core.rank_zero import rank_zero_only  # Lightning's, without it
+
+    rank = getattr(rank_zero_only, "rank", None)
+    if rank is None:
+        keys = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+        rank = next((int(os.environ[key]) for key in keys if key in os.environ), 0)
+    return rank
 
 
 def claim_run_dir(parent: str) -> str:
@@ -118,7 +129,7 @@ class RunDirLock:
             import fcntl
         except ImportError:  # not POSIX: no cross-process lock
             return self
-        if rank_zero_only.rank != 0:
+        if launch_rank() != 0:
             return self
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 
 from minigpt.config import VizSchema, config_errors, register_schemas, settings_problems, typed
 from minigpt.errors import ConfigError
+from minigpt.paths import check_paths
 
 DEFAULT_PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak."
 COMMANDS = ("attention", "runs")
@@ -41,6 +42,7 @@ def run(cfg: VizSchema | DictConfig) -> str:
     ``cfg``: the typed config (a composed one is converted)."""
     cfg = typed(cfg, VizSchema)
     _check_options(cfg)
+    check_paths(cfg)  # runs, prompt_file, out, ...: before any model or log is read
     return attention(cfg) if cfg.command == "attention" else runs(cfg)
 
 
