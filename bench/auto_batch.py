@@ -7,7 +7,7 @@ from the preflight's estimate, and the measured peaks of that size and of its do
     python -m bench.auto_batch --quick               # a smaller toy in seconds (a test runs it)
     python -m bench.auto_batch --fits                # the README's table: estimates per GPU size
 
-The choice is ``minigpt.train.auto_batch.choose_from_estimate`` for the plan ``train.py`` would
+The choice is ``minigpt.train.plan.choose_from_estimate`` for the plan ``train.py`` would
 resolve (CPU, float32, the CPU speedups' chunked loss). Each peak is ``bench.memory``'s: a fresh
 process, two of the loop's own training steps, the resident set's peak above its level before
 the model was built. Target: the picked size's peak under the budget, its double's above.
@@ -20,10 +20,8 @@ import json
 
 from bench.memory import GPT2_SMALL, TOY, measure
 from minigpt.config import TrainSchema
-from minigpt.train.auto_batch import ESTIMATE_HEADROOM, choose_from_estimate
-from minigpt.train.batch_size import largest_that_fits
-from minigpt.train.plan import resolve_plan
-from minigpt.train.preflight import GiB, estimate_training_memory, plan_estimate
+from minigpt.train.memory import GiB, estimate_training_memory, largest_that_fits, plan_estimate
+from minigpt.train.plan import ESTIMATE_HEADROOM, choose_from_estimate, resolve_plan
 
 PRECISION = "32-true"
 # name -> (model, default budget). The budgets leave room for the activations to matter: under

@@ -1,4 +1,4 @@
-"""Measured peak memory of a training step against ``minigpt.train.preflight``'s estimate, and
+"""Measured peak memory of a training step against ``minigpt.train.memory``'s estimate, and
 what activation checkpointing saves and costs.
 
     python -m bench.memory              # the toy and GPT-2 small cases below, CPU
@@ -27,7 +27,7 @@ import time
 
 from bench.peak_memory import in_subprocess
 from minigpt.train.activation_checkpointing import ATTENTION_OPS, SELECTIVE_SAVES
-from minigpt.train.preflight import GiB, estimate_training_memory
+from minigpt.train.memory import GiB, estimate_training_memory
 
 TOY = dict(n_layer=4, n_head=4, n_embd=256, context_length=256, vocab_size=128)
 GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, context_length=1024, vocab_size=50304)

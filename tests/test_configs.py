@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from minigpt.config import TrainSchema, typed
 from minigpt.model import GPT
 from minigpt.train.config import ConfigError, check_config
-from minigpt.train.launch import build_fabric
+from minigpt.train.device import build_fabric
 from minigpt.train.loggers import build_loggers
 from minigpt.train.plan import batch_plan, resolve_plan
 
@@ -144,7 +144,7 @@ def test_wandb_logger_builds_without_network(tmp_path, monkeypatch):
 def test_fsdp_wraps_each_block():
     # FSDP needs CUDA; check the strategy we hand Fabric instead of running it.
     from minigpt.model import Block
-    from minigpt.train.launch import fsdp_strategy
+    from minigpt.train.device import fsdp_strategy
 
     cfg = compose_train("trainer=fsdp", "trainer.precision=bf16-mixed")
     train = typed(cfg, TrainSchema)

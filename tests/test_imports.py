@@ -1,4 +1,5 @@
-"""The house stays drawable: no import circle among minigpt's modules, counting imports made
+"""The house stays drawable: no import circle among minigpt's modules, and imports run down the
+rings (core <- services <- features <- application <- entry points), counting imports made
 inside functions and under ``if __name__ == "__main__"`` too (a lazy import hides a circle from
 Python, not from a reader). The core's purity: tests/test_model.py."""
 
@@ -114,3 +115,55 @@ def test_the_checker_finds_circles_hidden_in_functions_and_main_blocks(tmp_path)
     (tmp_path / "pkg/sub/c.py").write_text("from ..leaf import X\n")
     assert circles(import_graph(tmp_path, "pkg")) == []
 
+
+
+# The rings, lowest first: a module may import its own ring and those below. A module of minigpt
+# itself (minigpt/x.py) is the core unless named here; minigpt/<pkg>/__main__.py is an entry point.
+RINGS = {"data": 1, "config": 1, "checkpoint": 1, "cpu": 1, "config_schema": 1,
+         "chat": 2, "eval": 2, "viz": 2, "inference": 2,
+         "train": 3, "serve": 3}
+ENTRY_POINT = 4
+# The imports allowed to run back up, each with its reason.
+UPWARD = {
+    # Conversations for fine-tuning render through the chat template, which generation,
+    # evaluation and the server share with the chat feature: the one piece of chat the data needs.
+    ("minigpt.data.chat", "minigpt.chat.template"),
+    # A Hugging Face pytorch_model.bin is read through the one loader that never runs code from
+    # a file, which lives with the checkpoints it was written for.
+    ("minigpt.hf", "minigpt.checkpoint.safe_load"),
+}
+
+
+def ring(module: str) -> int:
+    """The ring of a module ``minigpt.<part>...`` (see ``RINGS``)."""
+    parts = module.split(".")
+    if parts[-1] == "__main__":
+        return ENTRY_POINT
+    return RINGS.get(parts[1], 0) if len(parts) > 1 else 0
+
+
+def upward(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Every import of a module from a higher ring than its own."""
+    return {(a, b) for a, deps in graph.items() for b in deps if ring(b) > ring(a)}
+
+
+def test_imports_run_down_the_rings():
+    graph = import_graph(PACKAGE.parent, "minigpt")
+    assert upward(graph) == UPWARD, sorted(upward(graph) - UPWARD)
+    assert len(UPWARD) <= 2
+
+
+def test_the_ring_check_finds_an_upward_import_in_a_function(tmp_path):
+    """A service importing the application inside a function is found; a feature importing a
+    service and an entry point importing the application are not."""
+    write_package(tmp_path, {
+        "minigpt/__init__.py": "", "minigpt/model.py": "",
+        "minigpt/data/__init__.py": "", "minigpt/chat/__init__.py": "",
+        "minigpt/train/__init__.py": "", "minigpt/train/run.py": "from minigpt import model\n",
+        "minigpt/data/load.py": "def f():\n    from minigpt.train import run\n",
+        "minigpt/chat/talk.py": "from minigpt.data import load\n",
+        "minigpt/train/__main__.py": "from minigpt.train.run import f\n",
+    })
+    graph = import_graph(tmp_path, "minigpt")
+    assert upward(graph) == {("minigpt.data.load", "minigpt.train"),
+                             ("minigpt.data.load", "minigpt.train.run")}

@@ -24,7 +24,7 @@ from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate, pad_prompts
 from minigpt.static_decoding import StaticDecoder
 from minigpt.tokenizer import get_tokenizer
-from minigpt.train.preflight import estimate_training_memory
+from minigpt.train.memory import estimate_training_memory
 from minigpt.viz import attention_maps
 
 pytestmark = pytest.mark.usefixtures("one_thread")

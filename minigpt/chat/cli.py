@@ -11,7 +11,6 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from minigpt.chat.records import conversation_of
 from minigpt.chat.session import ChatSession, ContextFullError
 from minigpt.chat.template import (
     ChatFormatError,
@@ -19,6 +18,7 @@ from minigpt.chat.template import (
     check_conversation,
     check_message,
 )
+from minigpt.data.conversations import conversation_of
 from minigpt.errors import UserError
 from minigpt.files import atomic_write, read_jsonl
 

@@ -42,7 +42,7 @@ class ResumePoint:
     tokenizer: dict
     format_version: int
     optimizers: frozenset | None  # the optimizers' names in a whole file; None: not known
-    batch: dict | None = None  # the run's batch (minigpt.train.auto_batch.batch_record)
+    batch: dict | None = None  # the run's batch (minigpt.train.plan.batch_record)
 
 
 def read_resume_point(path: str, max_steps: int) -> ResumePoint:

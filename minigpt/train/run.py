@@ -36,25 +36,20 @@ from minigpt.checkpoint.restore import (
 from minigpt.checkpoint.write import CheckpointFiles
 from minigpt.config import TrainSchema, typed
 from minigpt.cpu import speed_up_training
-from minigpt.data import DataConfig, TokenDataModule, check_vocab_fits
-from minigpt.data.datamodule import prepare_tokens
+from minigpt.data.datamodule import open_training_data
 from minigpt.errors import ConfigError
 from minigpt.eval.training import training_items, training_tasks
 from minigpt.files import atomic_write
 from minigpt.model import GPT
-from minigpt.paths import check_paths
-from minigpt.tokenizer import Tokenizer, tokenizer_from_dict
 from minigpt.train.activation_checkpointing import apply_activation_checkpointing
-from minigpt.train.auto_batch import batch_record, keep_global_batch, resolve_auto_batch
 from minigpt.train.config import check_config
-from minigpt.train.launch import build_fabric
+from minigpt.train.device import build_fabric
 from minigpt.train.loggers import build_loggers
 from minigpt.train.loop import Loop, ModelWithLoss, Progress
+from minigpt.train.memory import check_run_fits, out_of_memory_as_resource_error, vocab_before_data
 from minigpt.train.model_init import init_model, padded_vocab_size
 from minigpt.train.optim import build_optimizers, check_optimizers_run, schedule_for
-from minigpt.train.out_of_memory import out_of_memory_as_resource_error
-from minigpt.train.plan import RunPlan, resolve_plan
-from minigpt.train.preflight import check_run_fits, vocab_before_data
+from minigpt.train.plan import RunPlan, batch_record, choose_batch, for_world, resolve_plan
 from minigpt.train.run_dir import hold_run_dir, remove_unstarted
 from minigpt.train.sample import Sampler, gathered_parameters
 
@@ -95,15 +90,13 @@ class _FirstStep:
 
 def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     check_config(train)
-    check_paths(train)  # every path it names, before anything is built or read
     quiet_warnings()
     ckpt_path = resolve_ckpt_path(train.ckpt_path, Path("outputs"))
     resume = read_resume_point(ckpt_path, train.trainer.max_steps) if ckpt_path else None
     plan = resolve_plan(train)
     loggers = build_loggers(train.logger, run_dir, resume.step if resume else None)
     fabric = build_fabric(train.trainer, plan, loggers, callbacks)
-    plan = plan.with_world(fabric.world_size)  # the batch plan, once
-    plan, kept = keep_global_batch(plan, resume.batch if resume else None)
+    plan, kept = for_world(plan, fabric.world_size, resume.batch if resume else None)
     preflight(train, plan, resume)  # before the data is prepared: bad sizes fail in seconds
     owns_process_group = (torch.distributed.is_available()
                           and not torch.distributed.is_initialized())
@@ -113,21 +106,25 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     if train.threads:
         torch.set_num_threads(train.threads)
 
-    setup = prepare(_data_batch(train, plan), fabric)
-    model_config = setup.model.config.to_dict()
+    corpus, model = prepare(train, plan, fabric)
+    model_config = model.config.to_dict()
     if resume is not None:
-        check_resume_matches(resume, model_config, setup.tokenizer.to_dict())
+        check_resume_matches(resume, model_config, corpus.tokenizer.to_dict())
     check_run_fits(plan, model_config)  # again with the exact vocabulary and architecture
-    apply_activation_checkpointing(setup.model, plan.activation_checkpointing)  # then compile
-    apply_cpu_speedups(setup.model, plan)
+    apply_activation_checkpointing(model, plan.activation_checkpointing)  # then compile
+    apply_cpu_speedups(model, plan)
     # Same initial weights on every rank (above); from here each rank draws its own dropout masks.
     Fabric.seed_everything(train.seed + fabric.global_rank, workers=True, verbose=False)
-    loop = build_loop(train, fabric, plan, setup, run_dir)
-    choice = resolve_auto_batch(fabric, loop)  # before the data position is restored
-    plan, train = loop.plan, _data_batch(train, loop.plan)
+    module, optimizers, schedulers = build_trainables(train, fabric, plan, model)
+    plan, choice = choose_batch(plan, fabric, module, optimizers, model_config)  # the final plan
+    train = replace(train, data=replace(train.data, batch_size=plan.batch.batch_size))
+    setup = Setup(corpus, model, corpus.data_module(
+        model.config.context_length, plan.batch.batch_size, seed=train.seed,
+        rank=fabric.global_rank, world_size=fabric.world_size,
+        document_mask=model.config.document_mask, pin_memory=fabric.device.type == "cuda"))
+    loop = build_loop(train, fabric, plan, setup, (module, optimizers, schedulers), run_dir)
     if resume is not None:
-        restored = restore(fabric, resume, loop.module, loop.optimizers, loop.schedulers,
-                           setup.data)
+        restored = restore(fabric, resume, module, optimizers, schedulers, setup.data)
         loop.progress = Progress.restored(restored, plan.val_every)
         loop.pending_rng = restored["rng"]
     loop.progress.batch = batch_record(plan, choice)
@@ -151,50 +148,34 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     return summary
 
 
-def _data_batch(train: TrainSchema, plan: RunPlan) -> TrainSchema:
-    """The config with the plan's micro-batch as ``data.batch_size``: under ``auto``, 1 until it
-    is chosen (the data module takes it then); the chosen size in ``config.yaml`` and the
-    loggers' hyperparameters."""
-    if train.data.batch_size == plan.batch.batch_size:
-        return train
-    return replace(train, data=replace(train.data, batch_size=plan.batch.batch_size))
-
-
 @dataclass
 class Setup:
-    """What a run trains: the data (prepared), its tokenizer, and the model sized from it."""
+    """What a run trains: its data as its source makes it (``open_training_data``: the
+    tokenizer, a chat template or None), the model sized from it, and the data module."""
 
-    data_cfg: DataConfig
-    meta: dict
-    tokenizer: Tokenizer
+    corpus: object  # minigpt.data.datamodule.PreparedTokens or minigpt.data.chat.Conversations
     model: GPT
-    data: TokenDataModule
+    data: object  # the corpus's data module, in batches of the run's micro-batch
+
+    @property
+    def tokenizer(self):
+        return self.corpus.tokenizer
 
 
-def prepare(train: TrainSchema, fabric: Fabric) -> Setup:
-    """Data first: the model's vocabulary comes from the prepared data's tokenizer. Every rank
-    calls this; preparation is locked and idempotent (one prepares, the rest reuse)."""
-    data_cfg = train.data
-    if data_cfg.source == "chat":  # conversations, rendered in memory (supervised fine-tuning)
-        from minigpt.chat.setup import chat_setup
-
-        return Setup(data_cfg, *chat_setup(train, fabric))
-    data_root = Path(train.data_root).expanduser().resolve()
-    meta = prepare_tokens(data_cfg, data_root, progress=fabric.is_global_zero)
-    tokenizer = tokenizer_from_dict(meta["tokenizer"])
-    vocab = padded_vocab_size(tokenizer.vocab_size, train.model.vocab_size)
-    model = init_model(train.model, tokenizer, vocab)
+def prepare(train: TrainSchema, plan: RunPlan, fabric: Fabric) -> tuple[object, GPT]:
+    """Data first: the model's vocabulary comes from the prepared data's tokenizer (and a chat
+    template's special tokens). Every rank calls this; preparation is locked and idempotent (one
+    prepares, the rest reuse). Returns the data (``open_training_data``) and the model."""
+    corpus = open_training_data(replace(train.data, batch_size=plan.batch.batch_size),
+                                train.data_root, init_from=train.model.init_from,
+                                progress=fabric.is_global_zero, log=fabric.print)
+    vocab = padded_vocab_size(corpus.min_vocab, train.model.vocab_size)
+    model = init_model(train.model, corpus.tokenizer, vocab, min_vocab=corpus.min_vocab)
     try:  # the data's own record of its largest token id, against the model's embeddings
-        check_vocab_fits(meta, model.config.vocab_size)
+        corpus.check_vocab(model.config.vocab_size)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    data = TokenDataModule(data_cfg, model.config.context_length, seed=train.seed,
-                           data_root=str(data_root), rank=fabric.global_rank,
-                           world_size=fabric.world_size)
-    data.pin_memory = fabric.device.type == "cuda"
-    data.document_bos = tokenizer.eot_id if model.config.document_mask else None
-    data.setup()
-    return Setup(data_cfg, meta, tokenizer, model, data)
+    return corpus, model
 
 
 def preflight(train: TrainSchema, plan: RunPlan, resume: ResumePoint | None) -> None:
@@ -224,11 +205,11 @@ def apply_cpu_speedups(model: GPT, plan: RunPlan) -> list[str]:
     return applied
 
 
-def build_loop(train: TrainSchema, fabric: Fabric, plan: RunPlan, setup: Setup,
-               run_dir: Path) -> Loop:
-    """The model wrapped by Fabric (DDP/FSDP, precision), its optimizer and schedule, and the
-    loop around them."""
-    module = fabric.setup_module(ModelWithLoss(setup.model, plan.compile, fullgraph=not plan.fsdp))
+def build_trainables(train: TrainSchema, fabric: Fabric, plan: RunPlan, model: GPT
+                     ) -> tuple[ModelWithLoss, dict, dict]:
+    """The model wrapped by Fabric (DDP/FSDP, precision), its optimizers and their schedules
+    (both by name)."""
+    module = fabric.setup_module(ModelWithLoss(model, plan.compile, fullgraph=not plan.fsdp))
     optim = train.optim
     # The fused kernel steps all parameters of a group at once. Not under fp16: there the grad
     # scaler must unscale the gradients before they are clipped.
@@ -237,18 +218,26 @@ def build_loop(train: TrainSchema, fabric: Fabric, plan: RunPlan, setup: Setup,
     optimizers = build_optimizers(module, optim, fused=fused)
     schedulers = {name: schedule_for(o, optim) for name, o in optimizers.items()}
     optimizers = {name: fabric.setup_optimizers(o) for name, o in optimizers.items()}
+    return module, optimizers, schedulers
+
+
+def build_loop(train: TrainSchema, fabric: Fabric, plan: RunPlan, setup: Setup, trainables: tuple,
+               run_dir: Path) -> Loop:
+    """The loop around the run's final plan, its data and ``trainables`` (``build_trainables``),
+    with the evaluation tasks' items."""
+    module, optimizers, schedulers = trainables
     # The first process of each machine downloads the tasks' items into the cache; the others
     # read them.
     with fabric.rank_zero_first(local=True):
         eval_items = training_items(train.eval, Path(train.data_root).expanduser(),
-                                    getattr(setup.data, "template", None))
+                                    setup.corpus.template)
     return Loop(
         fabric, plan, train, module=module, optimizers=optimizers, schedulers=schedulers,
         data=setup.data, checkpoints=CheckpointFiles(fabric, run_dir / "checkpoints"),
         sampler=Sampler(setup.tokenizer, run_dir / "samples.txt", train.sample, seed=train.seed),
         eval_items=eval_items,
-        bytes_per_token=None if setup.data_cfg.source == "chat" else  # a masked loss: no bpb
-        bytes_per_token(setup.data, setup.tokenizer, setup.data_cfg.val_tokens),
+        bytes_per_token=bytes_per_token(setup.data, setup.tokenizer, train.data.val_tokens),
+        chat_template=setup.corpus.template,
     )
 
 
@@ -275,9 +264,9 @@ def describe(run_dir: Path, setup: Setup, plan: RunPlan, fabric: Fabric, ckpt_pa
     model, tokenizer = setup.model, setup.tokenizer
     return (
         f"run dir: {run_dir}\nmodel: {model.num_params() / 1e6:.2f}M parameters, "
-        f"{model.config}\ndata: {setup.data_cfg.name}, tokenizer {tokenizer.name} (vocab "
+        f"{model.config}\ndata: {setup.data.config.name}, tokenizer {tokenizer.name} (vocab "
         f"{tokenizer.vocab_size}, model vocab {model.config.vocab_size}), "
-        f"{setup.meta['train_tokens']:,} train tokens\nbatch: {plan.batch.describe()}\n"
+        f"{setup.data.train_tokens:,} train tokens\nbatch: {plan.batch.describe()}\n"
         f"precision: {plan.precision}, compile: {plan.compile}, activation checkpointing: "
         f"{plan.activation_checkpointing}, devices: {fabric.world_size} "
         f"process(es) on {fabric.device.type}, strategy: {type(fabric.strategy).__name__}"
@@ -365,13 +354,11 @@ def _run_dir(run_dir) -> Path:
     return Path(HydraConfig.get().runtime.output_dir)
 
 
-def bytes_per_token(data: TokenDataModule, tokenizer, budget: int) -> float | None:
-    """UTF-8 bytes per token over the first ``budget`` validation tokens (for bits per byte)."""
+def bytes_per_token(data, tokenizer, budget: int) -> float | None:
+    """The data module's UTF-8 bytes per token (for bits per byte; None for a masked loss), or
+    None with a warning when they cannot be measured."""
     try:
-        val = data.split_tokens("val")  # prepared tokens or shards
-        tokens = val.open()[:min(budget, len(val))]
-        n_bytes = len(tokenizer.decode(tokens.tolist()).encode("utf-8"))
-        return n_bytes / max(1, len(tokens))
+        return data.bytes_per_token(tokenizer, budget)
     except Exception as e:
         rank_zero_warn(f"val/bpb is off: cannot measure bytes per token ({e})")
         return None

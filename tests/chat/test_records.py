@@ -7,11 +7,10 @@ import json
 import pytest
 import torch
 
-from minigpt.chat.records import ChatDataError, read_jsonl
-from minigpt.chat.setup import read_conversations, render_all
 from minigpt.chat.template import ChatTemplate
-from minigpt.data.chat import ChatSettings
+from minigpt.data.chat import ChatSettings, read_conversations, render_all
 from minigpt.data.config import DataConfig, DataError
+from minigpt.data.conversations import ChatDataError, read_jsonl
 from minigpt.model import GPT, GPTConfig
 from minigpt.tokenizer import CharTokenizer
 from minigpt.train.model_init import grow_vocab

@@ -99,6 +99,6 @@ def test_validation_loss_is_per_trained_target(tmp_path, chat_files):
 
 def test_missing_synthetic_set_says_how_to_write_it(tmp_path, chat_files):
     missing = tmp_path / "data" / "chat_synth" / "train.jsonl"
-    with pytest.raises(FileNotFoundError, match=r"no such file .*train\.jsonl.*; write the "
+    with pytest.raises(FileNotFoundError, match=r"train\.jsonl does not exist.*; write the "
                        r"synthetic set with python -m minigpt\.chat\.synthetic --out"):
         run(chat_cfg({**chat_files, "train": [str(missing)]}), tmp_path / "run")

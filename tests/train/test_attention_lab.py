@@ -41,7 +41,7 @@ def test_memory_preflight_counts_each_variants_weights(fields):
     import torch
 
     from minigpt.model import GPT, GPTConfig
-    from minigpt.train.preflight import estimate_training_memory
+    from minigpt.train.memory import estimate_training_memory
 
     config = dict(n_layer=2, n_head=12, n_embd=96, context_length=64, vocab_size=128, **fields)
     with torch.device("meta"):

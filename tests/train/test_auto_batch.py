@@ -16,9 +16,13 @@ from test_run import tiny_cfg
 
 from minigpt.config import TrainSchema, typed
 from minigpt.errors import USER_ERROR_EXIT_CODE, ConfigError, ResourceError, one_line_errors
-from minigpt.train.auto_batch import ESTIMATE_HEADROOM, choose_from_estimate, keep_global_batch
-from minigpt.train.plan import resolve_plan
-from minigpt.train.preflight import check_run_fits, plan_estimate
+from minigpt.train.memory import check_run_fits, plan_estimate
+from minigpt.train.plan import (
+    ESTIMATE_HEADROOM,
+    choose_from_estimate,
+    keep_global_batch,
+    resolve_plan,
+)
 from minigpt.train.run import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""minigpt.train.batch_size: the memory budget, the memory left in a container, and the search
+"""minigpt.train.memory: the memory budget, the memory left in a container, and the search
 for the largest micro-batch, tried against a fake step that runs out of memory above a size the
 test picks."""
 
@@ -12,7 +12,7 @@ import torch
 
 from minigpt.config.rules import parse_memory_budget
 from minigpt.errors import ConfigError
-from minigpt.train.batch_size import (
+from minigpt.train.memory import (
     cgroup_memory_left,
     fits_when_tried,
     largest_divisor_at_most,
@@ -120,7 +120,7 @@ def test_largest_divisor_at_most(rows, limit, divisor):
 
 
 def test_measured_limit_keeps_a_share_free_unless_the_budget_is_smaller():
-    from minigpt.train.auto_batch import MEASURED_SHARE, measured_limit
+    from minigpt.train.plan import MEASURED_SHARE, measured_limit
 
     usable = 80 * 2**30
     limit, words = measured_limit(usable, "cuda:0 (H100)", None)

@@ -1,4 +1,4 @@
-"""minigpt.train.preflight: the memory estimate against parameter counts, measured peaks and the
+"""minigpt.train.memory: the memory estimate against parameter counts, measured peaks and the
 one-line refusal."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from minigpt.errors import ResourceError
 from minigpt.model import GPT, GPTConfig
-from minigpt.train.preflight import (
+from minigpt.train.memory import (
     GiB,
     check_memory,
     estimate_training_memory,

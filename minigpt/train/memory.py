@@ -1,27 +1,41 @@
-"""Will a training step fit in memory? Estimated from the config before any heavy work.
+"""Memory: will a training step fit, how large a micro-batch fits, and an out-of-memory error in
+one line. Estimated from the config before any heavy work.
 
 ``estimate_training_memory`` is pure arithmetic on the model config, micro-batch, precision and
 optimizer: weights, gradients, AdamW's two moments, the activations kept for backward, and the
-LM-head loss's logits (or its chunks). ``check_memory`` compares the estimate with what the
-device has and refuses with one line that gives both numbers and the knobs that shrink a step.
+LM-head loss's logits (or its chunks). ``check_run_fits`` compares the estimate with the memory
+the process may use (``memory_limit``: the device's, capped by ``trainer.memory_budget``) and
+refuses with one line that gives both numbers and the settings that would fit.
 ``bench/memory.py`` measures real peaks against it (``bench/README.md`` has the errors).
+
+``largest_that_fits`` takes a ``fits(n)`` answer that is true up to some size and false above
+it, and finds that size with few questions (doubling, then bisecting): the preflight's estimate
+against the memory, or a real training step at that size (``data.batch_size=auto`` on CUDA,
+``minigpt.train.plan``).
+
+Out of memory in the middle of a run is answered in one line (``out_of_memory_as_resource_error``):
+the step, the peak, the settings that would fit, and the command that resumes from the last
+checkpoint (which the failed step never touched: checkpoints are written whole, between steps).
 
 Shape letters: B micro-batch, T context, C n_embd, L n_layer, V vocabulary, P parameters.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import resource
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from pathlib import Path
 
+import torch
+
+from minigpt.checkpoint.format import LAST
 from minigpt.config.schema import ActivationCheckpointing
-from minigpt.errors import ResourceError
+from minigpt.errors import ResourceError, first_line
 from minigpt.model import GPTConfig
-from minigpt.train.batch_size import (
-    cgroup_memory_left,
-    largest_divisor_at_most,
-    largest_that_fits,
-    within_budget,
-)
 
 GiB = 1 << 30
 # Activations each block keeps for backward, in elements per token and per unit of C: LayerNorm
@@ -130,8 +144,6 @@ CHECKPOINTING_SETTING = "trainer.activation_checkpointing=blocks"
 def available_memory(accelerator: str, processes_per_device: int = 1) -> tuple[int, str]:
     """Bytes a training process may use and where: free GPU memory, or the host's available
     RAM split over the processes sharing it."""
-    import torch
-
     if accelerator == "gpu" and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info()
         return free, f"GPU {torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
@@ -151,8 +163,6 @@ def _host_available() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    import os
-
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -233,3 +243,152 @@ def what_fits(plan, model: dict, available: int) -> str:
 
 # Activation checkpointing modes, from the one that keeps the most to the one that keeps least.
 FRUGAL_MODES = ("none", "selective", "blocks")
+
+
+def cgroup_memory_left(root: str | Path = "/sys/fs/cgroup") -> int | None:
+    """Bytes this process's control group may still allocate (its limit minus its usage), or
+    ``None`` without a limit. A container's limit kills the process before ``MemAvailable``
+    says the machine is full."""
+    root = Path(root)
+    for limit_file, usage_file in (("memory.max", "memory.current"),  # cgroup v2
+                                   ("memory/memory.limit_in_bytes",  # cgroup v1
+                                    "memory/memory.usage_in_bytes")):
+        try:
+            limit = (root / limit_file).read_text().strip()
+            usage = int((root / usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:  # v1: "no limit"
+            return None
+        return max(0, int(limit) - usage)
+    return None
+
+
+def within_budget(available: int, where: str, budget: int | None) -> tuple[int, str]:
+    """The smaller of what ``where`` has and ``trainer.memory_budget``, and its name."""
+    if budget is not None and budget < available:
+        return budget, f"trainer.memory_budget on {where}"
+    return available, where
+
+
+def largest_that_fits(fits: Callable[[int], bool], upper: int) -> int:
+    """The largest ``n`` in ``[1, upper]`` with ``fits(n)``, for a ``fits`` that holds up to some
+    size and fails above it; 0 when even 1 does not fit. Asks ``fits`` about 1, 2, 4, ... until
+    one fails, then bisects between the last that fit and the first that did not: about
+    2 log2(n) questions, each size at most once."""
+    if upper < 1 or not fits(1):
+        return 0
+    good, bad = 1, None  # the largest size known to fit, the smallest known not to
+    while bad is None and good < upper:
+        candidate = min(2 * good, upper)
+        if fits(candidate):
+            good = candidate
+        else:
+            bad = candidate
+    if bad is None:
+        return good
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        if fits(middle):
+            good = middle
+        else:
+            bad = middle
+    return good
+
+
+def fits_when_tried(try_size: Callable[[int], bool | None],
+                    release: Callable[[], None] = lambda: None,
+                    agree: Callable[[bool], bool] = lambda fit: fit) -> Callable[[int], bool]:
+    """A ``fits(n)`` for ``largest_that_fits`` that runs ``try_size(n)``: it fits unless that
+    raises ``torch.OutOfMemoryError`` or returns False. ``release()`` runs after every try, once
+    the error (whose traceback holds the try's tensors) is gone, so each try starts from the
+    same memory; ``agree(fit)`` makes every process give the same answer."""
+
+    def fits(n: int) -> bool:
+        try:
+            fit = try_size(n) is not False
+        except torch.OutOfMemoryError:
+            fit = False
+        release()
+        return agree(fit)
+
+    return fits
+
+
+def largest_divisor_at_most(rows: int, limit: int) -> int:
+    """The largest divisor of ``rows`` that is at most ``limit`` (at least 1): a micro-batch
+    that accumulates to exactly ``rows`` rows per process."""
+    return max(d for d in range(1, max(1, min(rows, limit)) + 1) if rows % d == 0)
+
+
+# ---- out of memory in the middle of a run -------------------------------------------------------
+
+# The smaller micro-batch keeps this much room below the limit: the step that failed showed
+# the estimate is short on this machine.
+HEADROOM = 1.15
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """A CUDA out-of-memory error, or the CPU allocator giving up."""
+    return isinstance(error, torch.OutOfMemoryError) or \
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+
+
+@contextlib.contextmanager
+def out_of_memory_as_resource_error(loop):
+    """Around ``loop.fit()``: an out-of-memory error becomes a ``ResourceError`` (exit status 2
+    from ``train.py``) whose one line names the step, the peak memory, what would fit and how
+    to resume."""
+    try:
+        yield
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        if not is_out_of_memory(e):
+            raise
+        message = out_of_memory_message(loop, e)
+        raise ResourceError(message) from None
+
+
+def out_of_memory_message(loop, error: BaseException) -> str:
+    plan, step = loop.plan, loop.progress.global_step + 1
+    peak, where = peak_memory(loop.fabric.device)
+    batch = plan.batch
+    fixes = []
+    smaller = smaller_batch_size(plan, loop.model.config.to_dict())
+    if smaller:
+        fixes.append(f"data.batch_size={smaller} data.tokens_per_step={batch.tokens_per_step}")
+    if plan.activation_checkpointing != "blocks":
+        fixes.append(CHECKPOINTING_SETTING)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not plan.fsdp and max(gpus, plan.world_size) > 1:
+        fixes.append(f"trainer=fsdp (shards the model over the {max(gpus, plan.world_size)} GPUs)")
+    last = loop.checkpoints.directory / LAST
+    resume = (f"resume from {last} with `python train.py ckpt_path={last} "
+              + (f"data.batch_size={smaller} data.tokens_per_step={batch.tokens_per_step}`"
+                 if smaller else "<the settings above>`")) if last.exists() else \
+        "no checkpoint was written yet: start again with the settings above"
+    return (f"out of memory during training at step {step} ({first_line(error, 120)}); peak "
+            f"{peak / GiB:.2f} GiB ({where}) with data.batch_size={batch.batch_size} "
+            f"x {batch.accumulate} micro-batch(es); it would fit with "
+            f"{', or '.join(fixes) or 'a smaller model.context_length'}; {resume}")
+
+
+def smaller_batch_size(plan, model: dict) -> int:
+    """The largest micro-batch below the plan's that still divides the rows each process sees
+    per step and whose step fits, from the preflight's estimate scaled up so that the micro-
+    batch that failed needs at least the memory there is; 0 when none does."""
+    batch = plan.batch
+    available, _ = memory_limit(plan)
+    failed = plan_estimate(plan, model, batch.batch_size).total
+    scale = max(1.0, available / failed)  # the failed step needed at least all there was
+    found = largest_that_fits(
+        lambda n: plan_estimate(plan, model, n).total * scale * HEADROOM <= available,
+        batch.batch_size - 1)
+    return largest_divisor_at_most(batch.batch_size * batch.accumulate, found) if found else 0
+
+
+def peak_memory(device: torch.device) -> tuple[int, str]:
+    """The process's peak so far: the CUDA allocator's on a GPU, else the resident set's."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), f"allocated on {device}"
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS
+    return (kib if sys.platform == "darwin" else kib * 1024), "resident set"
