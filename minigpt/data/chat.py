@@ -24,7 +24,7 @@ out to the ranks), and its position in checkpoints. Batches are ``(x, y)`` or
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,12 +46,11 @@ from minigpt.data.conversations import (
     train_on_all,
 )
 from minigpt.data.epochs import ResumableBatches
-from minigpt.data.sources import expand_paths
 from minigpt.documents import document_ids_of
+from minigpt.paths import INPUT_GLOBS, expand_paths, path_field
 from minigpt.tokenizer import CharTokenizer, Tokenizer, get_tokenizer, tokenizer_from_dict
 
 VAL_SEED = 0  # which conversations are held out does not change with the run's seed
-SYNTHETIC_DIR = "data/chat_synth"  # configs/data/chat.yaml's files, written by minigpt.chat.synthetic
 Rows = tuple[np.ndarray, np.ndarray]  # x, y: (N, T) int64
 
 
@@ -60,7 +59,7 @@ class ChatSettings:
     """``data.source_args`` of ``data=chat``."""
 
     # held-out .jsonl files; [] = val_fraction
-    val_paths: list[str] = field(default_factory=list)
+    val_paths: list[str] = path_field(INPUT_GLOBS, default_factory=list)
     train_on: str = "assistant"  # assistant: the loss on replies only; all: on every token
     rows: str = "packed"  # packed: whole conversations packed into rows; padded: one per row
     too_long: str = "drop"  # a conversation longer than a row: drop | truncate (counted)
@@ -120,28 +119,17 @@ class Conversations:
         return data
 
 
-def _expanded(patterns: list[str]) -> list[str]:
-    """``expand_paths``; a missing file of the synthetic set says how to write it."""
-    try:
-        return expand_paths(patterns)
-    except FileNotFoundError as e:
-        if any(SYNTHETIC_DIR in str(p) for p in patterns):
-            raise FileNotFoundError(f"{e}; write the synthetic set with python -m "
-                                    f"minigpt.chat.synthetic --out {SYNTHETIC_DIR}") from None
-        raise
-
-
 def read_conversations(config: DataConfig, settings: ChatSettings):
     """``(train, val)`` lists of ``(where, messages)``: ``data.paths`` or the hub dataset;
     validation from ``val_paths``, else a fixed ``val_fraction`` of them held out."""
     if config.paths:
-        records = [r for path in _expanded(config.paths) for r in read_jsonl(path)]
+        records = [r for path in expand_paths(config.paths, "data.paths") for r in read_jsonl(path)]
     else:
         records = list(read_hub(config.hub_name, config.hub_config, config.split,
                                 config.revision, config.cache_dir))
     records = records[:config.max_documents]
     if settings.val_paths:
-        val_files = _expanded(settings.val_paths)
+        val_files = expand_paths(settings.val_paths, "data.source_args.val_paths")
         return records, [r for path in val_files for r in read_jsonl(path)]
     held = max(1, round(len(records) * config.val_fraction))
     if held >= len(records):

@@ -12,12 +12,10 @@ cheap part of the fingerprint: file names, sizes and mtimes, never file contents
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import itertools
 import json
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,96 +24,14 @@ from minigpt.data.shards import ShardStream, shards_meta
 from minigpt.data.tokens import FORMAT_VERSION, TokenFile, load_meta
 from minigpt.dotted import named_object
 from minigpt.errors import first_line
-from minigpt.files import TextFileError, refuse_binary, text_lines
+from minigpt.files import TextFileError, check_text_files, guess_encoding, text_problem
+from minigpt.paths import expand_paths
 
 ENCODED_BUILDERS = ("text", "json", "csv")  # datasets builders that take encoding=
 # file extension -> datasets builder name
 _BUILDERS = {".txt": "text", ".md": "text", ".text": "text", ".json": "json", ".jsonl": "json",
              ".parquet": "parquet", ".csv": "csv"}
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst")  # read by datasets, named by the extension before
-
-
-def _has_magic(pattern: str) -> bool:
-    return any(c in pattern for c in "*?[")
-
-
-def expand_paths(patterns: list[str]) -> list[str]:
-    """Files named by ``patterns`` (globs allowed, ``**`` recursive), sorted within each
-    pattern, each file once: by identity (device and inode), not by spelling, so a file reached
-    through a symlink or two patterns is read once."""
-    files: list[str] = []
-    for pattern in patterns:
-        pattern = os.path.expanduser(pattern)
-        if _has_magic(pattern):
-            matched = sorted(glob_files(pattern))
-            if not matched:
-                raise FileNotFoundError(f"data.paths: {pattern!r} matches no files (cwd: {os.getcwd()})")
-            files += matched
-        elif os.path.isdir(pattern):
-            raise DataError(f"data.paths: {pattern!r} is a directory; use a glob such as '{pattern}/*.txt'")
-        elif not os.path.isfile(pattern):
-            raise FileNotFoundError(f"data.paths: no such file {pattern!r} (cwd: {os.getcwd()})")
-        else:
-            files.append(pattern)
-    return list({_identity(f): f for f in reversed(files)}.values())[::-1]
-
-
-def _identity(path: str) -> tuple[int, int]:
-    st = os.stat(path)
-    return st.st_dev, st.st_ino
-
-
-def glob_files(pattern: str) -> list[str]:
-    """The files ``pattern`` matches, as ``glob.glob(pattern, recursive=True)`` finds them
-    (``*`` and ``?`` within a name, ``**`` any depth, hidden names only when spelled), except
-    that ``**`` enters each directory once by identity: ``glob`` follows a symlink loop until
-    the path is too long, reading the same files again at every turn."""
-    parts = pattern.split(os.sep)
-    fixed = next(i for i, part in enumerate(parts) if _has_magic(part))
-    root = os.sep.join(parts[:fixed]) if fixed else ""
-    if fixed == 1 and not parts[0]:
-        root = os.sep  # an absolute pattern such as /*.txt
-    return [p for p in _matches(root, parts[fixed:], set()) if os.path.isfile(p)]
-
-
-def _matches(directory: str, parts: list[str], entered: set) -> list[str]:
-    """Paths under ``directory`` ("" for the working directory) that match ``parts``."""
-    part, rest = parts[0], parts[1:]
-    if part == "**":  # zero directories, then each subdirectory not yet entered at this point
-        if not os.path.isdir(directory or os.curdir):
-            return []
-        found = _matches(directory, rest, entered) if rest else []
-        key = (*_identity(directory or os.curdir), len(parts))
-        if key in entered:
-            return []
-        entered.add(key)
-        for name in _names(directory, "*"):
-            path = os.path.join(directory, name)
-            if os.path.isdir(path):
-                found += ([path] if not rest else []) + _matches(path, parts, entered)
-            elif not rest:
-                found.append(path)
-        return found
-    found = []
-    for name in _names(directory, part) if _has_magic(part) else [part]:
-        path = os.path.join(directory, name)
-        if not rest:
-            found.append(path)
-        elif os.path.isdir(path):
-            found += _matches(path, rest, entered)
-    return found
-
-
-def _names(directory: str, part: str) -> list[str]:
-    """The names in ``directory`` that ``part`` matches; hidden ones only if it starts with a
-    dot (as glob does)."""
-    try:
-        names = os.listdir(directory or os.curdir)
-    except OSError:  # not a directory, or unreadable: glob skips it too
-        return []
-    if not part.startswith("."):
-        names = [n for n in names if not n.startswith(".")]
-    return fnmatch.filter(names, part)
 
 
 def _builder(cfg: DataConfig, files: list[str]) -> str:
@@ -256,17 +172,23 @@ class FilesSource(DocumentSource):
                                                         else ())
 
     def identity(self, cfg):
-        return {"files": [_stat(f) for f in expand_paths(cfg.paths)]}
+        return {"files": [_stat(f) for f in expand_paths(cfg.paths, "data.paths")]}
 
     def load(self, cfg):
         import datasets
 
-        files = expand_paths(cfg.paths)
+        files = expand_paths(cfg.paths, "data.paths")
         builder = _builder(cfg, files)
         kwargs = {"sample_by": cfg.sample_by} if builder == "text" else {}
         if builder in ENCODED_BUILDERS:
             kwargs["encoding"] = cfg.encoding
-            check_text_files(files, builder, cfg.encoding)
+            try:  # binary or absurdly nested content would crash pyarrow, not raise
+                check_text_files([f for f in files if not f.endswith(COMPRESSED)], cfg.encoding,
+                                 json=builder == "json")
+            except TextFileError as e:
+                raise DataError(f"{e}; data.paths takes text files (.txt, .md, .json, .jsonl, "
+                                ".csv) or .parquet: fix that file or leave it out of data.paths"
+                                ) from None
         try:
             return datasets.load_dataset(builder, data_files=files, split="train",
                                          streaming=cfg.streaming, cache_dir=cfg.cache_dir, **kwargs)
@@ -275,7 +197,7 @@ class FilesSource(DocumentSource):
                             f"{_why(e, files, cfg)}{_encoding_fix(e, files, cfg)}") from None
 
     def text_column(self, cfg, ds):
-        plain_text = _builder(cfg, expand_paths(cfg.paths)) == "text"
+        plain_text = _builder(cfg, expand_paths(cfg.paths, "data.paths")) == "text"
         return _checked_column(ds, "text" if plain_text else cfg.text_field, ", ".join(cfg.paths))
 
     def where(self, cfg):
@@ -455,7 +377,7 @@ def _name_unreadable(files: list[str], builder: str, cfg: DataConfig, most: int 
     (UTF-8 first, the cheap and common failure), naming up to ``most`` of them."""
     if len(files) == 1:
         return files[0]
-    bad = [f for f in files if _text_problem(f, cfg.encoding)] if builder in ENCODED_BUILDERS \
+    bad = [f for f in files if text_problem(f, cfg.encoding)] if builder in ENCODED_BUILDERS \
         else []
     if not bad:
         import datasets
@@ -476,7 +398,7 @@ def _why(error: BaseException, files: list[str], cfg: DataConfig) -> str:
     """What went wrong: for text that does not decode, the first file and line that does not
     (the library names a position in its buffer); else the innermost error's first line."""
     if _decoding_error(error) is not None:
-        problem = next(filter(None, (_text_problem(f, cfg.encoding) for f in files)), None)
+        problem = next(filter(None, (text_problem(f, cfg.encoding) for f in files)), None)
         if problem:
             return problem
     return first_line(error, root_cause=True)
@@ -493,64 +415,8 @@ def _encoding_fix(error: BaseException, files: list[str], cfg: DataConfig) -> st
     convert it instead; "" for any other error."""
     if _decoding_error(error) is None:
         return ""
-    bad = next((f for f in files if _text_problem(f, cfg.encoding)), files[0])
-    with open(bad, "rb") as f:
-        start = f.read(4)
-    guess = "utf-16" if start[:2] in (b"\xff\xfe", b"\xfe\xff") else \
-        "utf-8-sig" if start[:3] == b"\xef\xbb\xbf" else "latin-1 or cp1252"
+    bad = next((f for f in files if text_problem(f, cfg.encoding)), files[0])
+    guess = guess_encoding(bad)
     return (f"; the files are not {cfg.encoding}: set data.encoding to theirs (perhaps {guess}), "
             f"or convert them to UTF-8 first, e.g. iconv -f {guess.split()[0]} -t utf-8 "
             f"{bad} > {Path(bad).stem}.utf8{Path(bad).suffix}")
-
-
-def _text_problem(path: str, encoding: str = "utf-8") -> str | None:
-    """``<path>:<line>: <what>`` for the first line of ``path`` that is not ``encoding`` text
-    (or is binary); None when all of it is."""
-    try:
-        for _ in text_lines(path, encoding):
-            pass
-    except (TextFileError, OSError) as e:
-        return str(e)
-    return None
-
-
-MAX_JSON_DEPTH = 1000  # far deeper than any corpus record; pyarrow's reader crashes on ~10000
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-
-
-def check_text_files(files: list[str], builder: str, encoding: str) -> None:
-    """Before ``datasets`` reads them: ``DataError`` naming the file and line of binary content
-    (a NUL byte early on), or for JSON of a value nested deeper than ``MAX_JSON_DEPTH``, which
-    would crash the process inside pyarrow instead of raising."""
-    for path in files:
-        if path.endswith(COMPRESSED):
-            continue
-        try:
-            if not encoding.lower().replace("_", "-").startswith(("utf-16", "utf-32")):
-                refuse_binary(path)  # text in those holds NUL bytes
-            if builder == "json":
-                _refuse_deep_json(path)
-        except TextFileError as e:
-            raise DataError(f"{e}; data.paths takes text files (.txt, .md, .json, .jsonl, .csv) "
-                            "or .parquet: fix that file or leave it out of data.paths") from None
-
-
-def _refuse_deep_json(path: str) -> None:
-    depth = 0  # open brackets at the end of the lines so far (a .json file may span lines)
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            if b'"' in line:  # JSON strings never span lines, and brackets in them do not count
-                line = _JSON_STRING.sub(b'""', line)
-            opens, closes = line.count(b"[") + line.count(b"{"), line.count(b"]") + line.count(b"}")
-            if depth + opens > MAX_JSON_DEPTH and _deepest(line, depth) > MAX_JSON_DEPTH:
-                raise TextFileError(f"{path}:{number}: JSON nested more than {MAX_JSON_DEPTH} "
-                                    "levels deep, not a corpus record")
-            depth = max(0, depth + opens - closes)
-
-
-def _deepest(line: bytes, depth: int) -> int:
-    deepest = depth
-    for bracket in re.findall(rb"[\[\]{}]", line):
-        depth += 1 if bracket in (b"[", b"{") else -1
-        deepest = max(deepest, depth)
-    return deepest

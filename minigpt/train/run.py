@@ -41,6 +41,7 @@ from minigpt.errors import ConfigError
 from minigpt.eval.training import training_items, training_tasks
 from minigpt.files import atomic_write
 from minigpt.model import GPT
+from minigpt.paths import check_paths
 from minigpt.train.activation_checkpointing import apply_activation_checkpointing
 from minigpt.train.config import check_config
 from minigpt.train.device import build_fabric
@@ -90,6 +91,7 @@ class _FirstStep:
 
 def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     check_config(train)
+    check_paths(train)  # every path it names, before anything is built or read
     quiet_warnings()
     ckpt_path = resolve_ckpt_path(train.ckpt_path, Path("outputs"))
     resume = read_resume_point(ckpt_path, train.trainer.max_steps) if ckpt_path else None
