@@ -24,13 +24,6 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_CACHE.is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED_CACHE)
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _kernel_timings_in_a_temporary_dir(tmp_path_factory):
-    """minigpt.cpu's kernel timings (measured on first use) go to a file of this session, not the
-    user's cache: each test session measures afresh, and a test run leaves ~/.cache alone."""
-    os.environ["MINIGPT_CACHE_DIR"] = str(tmp_path_factory.mktemp("minigpt-cache"))
-
-
 @pytest.fixture
 def one_thread():
     """Tiny models: one thread is faster than two, which mostly wait for each other on a busy
