@@ -23,6 +23,8 @@ from minigpt.sampling import sample_next
 from minigpt.serve.batch import RunningBatch
 from minigpt.serve.sequence import Sequence, TokenLogprob, token_logprobs
 
+MAX_ADMISSIONS_IN_A_ROW = 8  # rounds that read new prompts before the running rows step
+
 
 class QueueFull(Exception):
     """More sequences wait than the engine's ``max_queue``."""
@@ -45,6 +47,7 @@ class Engine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._joining: list[Sequence] = []  # popped from the queue, not in the batch yet
+        self._admissions_in_a_row = 0
         self.error: BaseException | None = None
 
     @property
@@ -108,6 +111,13 @@ class Engine:
         if joining:
             self._admit(joining)
         self._joining = []
+        # Prompts first: requests that arrived while this one was read join before the next
+        # step (their first token waits for no one's step), a few rounds at most
+        if joining and self.waiting and len(self.batch) < self.max_batch \
+                and self._admissions_in_a_row < MAX_ADMISSIONS_IN_A_ROW:
+            self._admissions_in_a_row += 1
+            return True
+        self._admissions_in_a_row = 0
         if len(self.batch):
             self._step()
         return True
@@ -159,8 +169,10 @@ class Engine:
         live = [r for r, s in enumerate(sequences) if not s.finished]
         if not live:
             return
-        allowed = torch.stack([sequences[r].allowed for r in live])  # (R, V)
-        rows = logits[live].float()
+        allowed = sequences[live[0]].allowed  # (V,): one mask for all rows, usually
+        if any(sequences[r].allowed is not allowed for r in live):
+            allowed = torch.stack([sequences[r].allowed for r in live])  # (R, V)
+        rows = (logits if len(live) == len(sequences) else logits[live]).float()
         masked = rows + allowed
         chosen = masked.argmax(dim=-1)  # (R,)
         for i, r in enumerate(live):

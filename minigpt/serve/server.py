@@ -27,6 +27,7 @@ from minigpt.serve.engine import Engine
 from minigpt.serve.service import Service
 
 API_KEY_ENV = "MINIGPT_API_KEY"
+SWITCH_INTERVAL_S = 0.0005
 
 
 def api_key_of(settings: ServeSchema) -> str | None:
@@ -86,6 +87,9 @@ def run(settings: ServeSchema) -> None:
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler
     # it found: this one, so that a requested stop exits 0
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    # the engine thread and the event loop hand the interpreter to each other every token:
+    # a shorter switch interval than Python's 5 ms keeps either from waiting on the other
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     service.engine.start()
     try:
         server.run()

@@ -88,11 +88,12 @@ def test_api_key_and_body_size(base_checkpoint, start_server):
     assert_error(too_big, 413, code="body_too_large")
 
 
-def test_binding_beyond_loopback_needs_a_key(monkeypatch):
+def test_binding_beyond_loopback_needs_a_key(base_checkpoint, monkeypatch):
     monkeypatch.delenv("MINIGPT_API_KEY", raising=False)
+    ckpt = str(base_checkpoint)
     with pytest.raises(ConfigError, match="host=0.0.0.0 .* needs an API key"):
-        check_settings(ServeSchema(host="0.0.0.0"))
-    check_settings(ServeSchema(host="0.0.0.0", api_key="k"))
+        check_settings(ServeSchema(ckpt_path=ckpt, host="0.0.0.0"))
+    check_settings(ServeSchema(ckpt_path=ckpt, host="0.0.0.0", api_key="k"))
 
 
 @pytest.fixture
