@@ -28,7 +28,7 @@ class ServeSchema:
     api_key: str | None = None  # null: MINIGPT_API_KEY, else no key (loopback only)
     device: str = "auto"
     dtype: str = "auto"
-    cpu_speedups: Any = "auto"  # auto | false
+    cpu_speedups: Any = False  # auto: packed for one row (minigpt.cpu); slower for a batch
     max_batch: int = 16  # requests decoded together
     max_queue: int = 64  # requests waiting for a row; more get 429
     max_tokens: int = 4096  # the most new tokens one request may ask for
