@@ -6,11 +6,8 @@ maps of a model, and plots of training runs.
     python -m minigpt.viz attention pretrained=path/to/gpt2 prompt="..." layer=all
     python -m minigpt.viz runs outputs/RUN_A outputs/RUN_B labels=A,B out=runs.png
 
-A thin Hydra entry point, as generate.py and ``python -m minigpt.eval``: the first argument is
-the command (``command=``), the arguments after ``runs`` that are not ``key=value`` are run
-directories (``runs=[...]``), and ``runs=a,b`` / ``labels=a,b`` are taken as lists. A utility,
-not a run: Hydra neither changes directory nor writes outputs/ or logs here, where the run
-plots look for runs.
+The first argument is the command, the bare arguments after ``runs`` are run directories, and
+``runs=a,b`` / ``labels=a,b`` are lists. Hydra neither changes directory nor writes outputs here.
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ register_schemas()  # configs/viz.yaml names its schema (minigpt/config/schema.p
 
 
 def run(cfg: VizSchema | DictConfig) -> str:
-    """Draw what ``cfg.command`` says into ``cfg.out`` and return the report printed for it.
-    ``cfg``: the typed config (a composed one is converted)."""
+    """Draw what ``cfg.command`` says into ``cfg.out``; return the report printed for it."""
     cfg = typed(cfg, VizSchema)
     _check_options(cfg)
     check_paths(cfg)  # runs, prompt_file, out, ...: before any model or log is read
@@ -87,10 +83,7 @@ def _check_options(cfg: VizSchema) -> None:
 
 
 def _load_model(cfg: VizSchema):
-    """(model, tokenizer, description) from ``pretrained``, ``ckpt_path``, or the newest
-    checkpoint, on ``device`` in ``dtype`` (``minigpt.inference``, as generate.py loads), with
-    the decoding speedups on the CPU (the maps and decoding agree within the weights'
-    rounding)."""
+    """(model, tokenizer, description), loaded and placed as generate.py does."""
     from minigpt.inference import load_for_inference
 
     loaded = load_for_inference(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root,
@@ -98,20 +91,19 @@ def _load_model(cfg: VizSchema):
     applied = loaded.place(cpu_speedups=cfg.cpu_speedups is not False)
     print(f"{loaded.describe()}; cpu speedups: {', '.join(applied) or 'none apply'}",
           file=sys.stderr)
-    source = loaded.source
-    return loaded.model, loaded.tokenizer, Path(source).name if cfg.ckpt_path else source
+    source = Path(loaded.source).name if cfg.ckpt_path else loaded.source
+    return loaded.model, loaded.tokenizer, source
 
 
 def viz_arguments(argv: list[str]) -> list[str]:
-    """``runs A B labels=x,y`` -> ``command=runs runs=['A','B'] labels=['x','y']``: the command
-    first, run directories after ``runs``, comma lists for ``runs=`` and ``labels=``. An option
-    of the argparse command line this one replaced is one ``ConfigError`` naming its key."""
+    """``runs A B labels=x,y`` -> ``command=runs runs=['A','B'] labels=['x','y']``; an old
+    ``--option`` is one ``ConfigError`` naming its key."""
     args = list(argv)
     for arg in args:
-        if arg.split("=")[0] in OLD_OPTIONS:
-            key = OLD_OPTIONS[arg.split("=")[0]]
-            raise ConfigError(f"{arg.split('=')[0]}: python -m minigpt.viz takes key=value "
-                              f"settings (configs/viz.yaml): write {key}=...")
+        option = arg.split("=")[0]
+        if option in OLD_OPTIONS:
+            raise ConfigError(f"{option}: python -m minigpt.viz takes key=value settings "
+                              f"(configs/viz.yaml): write {OLD_OPTIONS[option]}=...")
     if args and "=" not in args[0] and not args[0].startswith("-") and args[0] not in COMMANDS:
         near = difflib.get_close_matches(args[0], COMMANDS, n=1, cutoff=0.6)
         raise ConfigError(f"unknown command {args[0]!r}: " + (
@@ -144,10 +136,8 @@ def _quoted(value: str) -> str:
 def main(cfg: DictConfig) -> None:
     from minigpt.errors import command_line_errors
 
-    # Bad input: one line and exit status 2 (user errors, missing or unreadable files and
-    # logs); other exceptions are bugs and keep their traceback.
     with command_line_errors(ValueError, OSError):
-        print(run(typed(cfg, VizSchema)))  # the typed config, from here on
+        print(run(typed(cfg, VizSchema)))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,8 @@
 """Attention maps: every layer's softmax weights for a prompt, and a PNG grid of heatmaps.
 
-``attention_maps`` needs torch only. It runs the model's own ``forward`` once with a pre-hook on
-each of ``model.attention_layers()`` that hands the layer's input to ``MultiHeadAttention.attention_weights``, so the
-maps see exactly the inputs training and sampling see, and ``forward`` itself never computes
-weights. matplotlib is imported inside ``plot_attention`` only (Agg backend, no display needed).
+``attention_maps`` runs the model's own ``forward`` with a pre-hook on each attention layer that
+hands its input to ``MultiHeadAttention.attention_weights``: the maps see exactly what training
+and sampling see. matplotlib is imported only when drawing.
 
 Shape letters: B batch, nh heads, T tokens (queries = keys), L layers.
 """
@@ -26,12 +25,9 @@ READABLE_TOKENS = 64  # axis labels stay legible up to about this many tokens
 def attention_maps(
     model, idx: Tensor, key_padding_mask: Tensor | None = None, position_ids: Tensor | None = None
 ) -> list[Tensor]:
-    """The attention weights of every layer of ``model`` (a ``GPT``) for token ids ``idx`` (B, T).
-
-    Returns L tensors of shape (B, nh, T, T): row t holds how much query t attends to each key;
-    rows sum to 1, entries above the diagonal and on padded keys are 0. The model runs in eval
-    mode (no dropout) for the call and is put back in the mode it was in.
-    """
+    """L tensors (B, nh, T, T), every layer's attention weights for ``idx`` (B, T): row t holds
+    how much query t attends to each key (0 above the diagonal and on padded keys). Runs in
+    eval mode, then restores the model's mode."""
     maps: list[Tensor] = []
 
     def capture(attn, args, kwargs):
@@ -55,11 +51,8 @@ def attention_maps(
 
 
 def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
-    """One readable axis label per token: invisible characters made visible.
-
-    Spaces at either end become ``␣`` (GPT-2 tokens often start with one), newlines and tabs
-    their escapes, so every tick shows something.
-    """
+    """One axis label per token: spaces at either end shown as ``␣``, newlines and tabs as
+    escapes, so every tick shows something."""
     labels = []
     for i in ids:
         text = tokenizer.decode([int(i)])
@@ -72,11 +65,8 @@ def token_labels(tokenizer, ids: Sequence[int]) -> list[str]:
 
 
 def figure_layout(n_panels: int, n_tokens: int) -> tuple[int, int, float, float]:
-    """(rows, cols, width, height in inches) of a grid of ``n_panels`` T x T heatmaps.
-
-    Panels grow with T (about 0.12 in per token, so 64 tick labels at 6 pt do not overlap) and
-    the grid is as square as it can be. The PNG is exactly (width * DPI, height * DPI) pixels.
-    """
+    """(rows, cols, width, height in inches) of an as-square-as-can-be grid of ``n_panels``
+    T x T heatmaps, panels growing with T so tick labels do not overlap."""
     if n_panels < 1 or n_tokens < 1:
         raise ValueError(f"need at least one panel and one token, got {n_panels} and {n_tokens}")
     cols = math.ceil(math.sqrt(n_panels))
@@ -86,11 +76,8 @@ def figure_layout(n_panels: int, n_tokens: int) -> tuple[int, int, float, float]
 
 
 def select_panels(maps: Sequence[Tensor], layer: int | str) -> tuple[list[Tensor], list[str]]:
-    """The (T, T) heatmaps to draw for the first sequence of the batch, and their titles.
-
-    ``layer`` an int: one panel per head of that layer. ``layer="all"``: one panel per layer,
-    the mean over its heads.
-    """
+    """The (T, T) heatmaps of the batch's first sequence and their titles: a panel per head of
+    ``layer`` (an int), or per layer (mean of heads) for ``"all"``."""
     n_layer = len(maps)
     if layer == "all":
         return [m[0].mean(dim=0) for m in maps], [f"layer {i} (mean of heads)" for i in
@@ -110,8 +97,8 @@ def plot_attention(
     maps: Sequence[Tensor], labels: Sequence[str], path: str | Path, layer: int | str = 0,
     title: str | None = None,
 ) -> tuple[int, int]:
-    """Write a PNG grid of heatmaps (queries down, keys across) and return its (width, height)
-    in pixels. ``maps`` as returned by ``attention_maps``; ``layer`` as in ``select_panels``."""
+    """Write a PNG grid of ``select_panels(maps, layer)`` (queries down, keys across); return
+    its (width, height) in pixels."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never needs a display
@@ -150,8 +137,8 @@ def plot_attention(
 
 def write_attention_map(model, tokenizer, ids: Sequence[int], path: str | Path,
                         layer: int | str = 0, source: str = "model") -> str:
-    """Plot ``model``'s attention over the token ids ``ids`` into the PNG ``path`` (float32, eval
-    mode) and return a one-line report; the command line and ``generate.py`` both use this."""
+    """Plot ``model``'s attention over ``ids`` into the PNG ``path`` (float32, eval mode);
+    return a one-line report."""
     if not ids:
         raise ValueError("the prompt is empty: attention maps need at least one token")
     context = model.config.context_length

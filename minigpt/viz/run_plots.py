@@ -1,12 +1,6 @@
-"""Run plots: a run directory's logged metrics -> one PNG comparing several runs.
-
-The log read is the CSV every logging run writes (``logger=csv`` and ``logger=wandb`` alike,
-``minigpt.train.loggers``): ``csv/metrics.csv``, one row per logging call, blank cells for the
-metrics not logged in that call; Lightning's own ``CSVLogger`` writes the same format.
-
-Everything is found by searching the run directory, so a Hydra run dir, a log dir or the CSV
-itself all work. A run that logged into several ``version_*`` folders (Lightning's layout) is
-merged, later values winning for a repeated step.
+"""Run plots: the ``csv/metrics.csv`` every logging run writes (one row per logging call, blank
+cells for metrics not logged then; Lightning's ``CSVLogger`` format) -> one PNG comparing runs.
+Logs are found by searching the run directory; ``version_*`` folders merge, later values winning.
 """
 
 from __future__ import annotations
@@ -45,9 +39,8 @@ class Run:
         return None
 
     def tokens_at(self, steps: np.ndarray) -> np.ndarray | None:
-        """Tokens seen at ``steps``: interpolated between the steps where they were logged
-        (validation rows do not carry them, and training logs every few steps), extended
-        linearly past either end; None if the run never logged tokens seen."""
+        """Tokens seen at ``steps``, interpolated between logged steps and extended linearly
+        past either end; None if the run never logged them."""
         series = self.get(TOKENS)
         if series is None:
             return None
@@ -63,11 +56,8 @@ class Run:
 
 
 def find_logs(run_dir: str | Path) -> list[Path]:
-    """The ``metrics.csv`` files under ``run_dir`` (or ``run_dir`` itself if it is a file).
-
-    Raises ``FileNotFoundError`` naming the directory when there are none, and ``ValueError``
-    when the directory holds several Hydra runs (pass them one by one).
-    """
+    """The ``metrics.csv`` files under ``run_dir`` (or ``run_dir`` itself, a file); a
+    ``ValueError`` when it holds several Hydra runs."""
     root = Path(run_dir)
     if root.is_file():
         return [root]
@@ -114,21 +104,15 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
 
 def read_csv(path: str | Path) -> list[dict[str, float]]:
     """The numeric cells of each row of a ``metrics.csv`` (blank cells skipped)."""
-    rows = []
     with open(path, newline="") as f:
-        for record in csv.DictReader(f):
-            row = {}
-            for key, text in record.items():
-                value = _number(text)
-                if key is not None and value is not None:
-                    row[key] = value
-            rows.append(row)
-    return rows
+        rows = [{key: _number(text) for key, text in record.items() if key is not None}
+                for record in csv.DictReader(f)]
+    return [{key: value for key, value in row.items() if value is not None} for row in rows]
 
 
 def plot_runs(runs: list[Run], path: str | Path, title: str | None = None) -> tuple[int, int]:
-    """Write a PNG with train/val loss, learning rate and tokens/s against tokens seen (steps for
-    runs that did not log tokens), one colour per run; return its (width, height) in pixels."""
+    """Write a PNG of train/val loss, learning rate and tokens/s against tokens seen (else
+    steps), a colour per run; return its (width, height) in pixels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,11 +173,9 @@ def summary(run: Run) -> str:
 
 
 def _number(text: str | None) -> float | None:
-    if text is None or text == "":
-        return None
     try:
         return float(text)
-    except ValueError:
+    except (TypeError, ValueError):  # None, blank or not a number
         return None
 
 
