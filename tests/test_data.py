@@ -3,6 +3,7 @@ bad input, the CLI, and the DataModule (windows, determinism, DDP shards, exact 
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -668,3 +669,34 @@ def test_the_config_names_every_built_in_source_and_no_other():
     from minigpt.data import config, sources
 
     assert set(config.SOURCES) == set(sources.SOURCES)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"packing": "best_fit"}, "packing=best_fit packs documents into BOS-aligned rows and does "
+                              "nothing with align=window: add data.align=bos"),
+    ({"train_shards": "fw_*.bin"}, "train_shards='fw_*.bin' is read only by source=shards, not "
+                                   "by source=shakespeare"),
+    ({"source": "hub", "hub_name": "x/y", "paths": ["a.txt"]},
+     "paths=['a.txt'] is read only by source=files or chat, not by source=hub"),
+    ({"source": "files", "paths": ["a.txt"], "revision": "main"},
+     "revision='main' is read only by source=hub, not by source=files"),
+    ({"source_args": {"folder": "mail"}}, "source_args={'folder': 'mail'} is read only by "
+                                          "source=chat or a dotted path"),
+    ({"source": "shards", "train_shards": "a", "val_shards": "b", "tokenizer": "char"},
+     "tokenizer=char does nothing with source=shards"),
+])
+def test_a_setting_the_combination_never_reads_is_refused(settings, message):
+    with pytest.raises(DataError, match=re.escape(message)):
+        DataConfig(name="x", **settings)
+
+
+def test_a_training_config_names_the_unread_setting_with_its_key():
+    from hydra import compose, initialize_config_dir
+
+    from minigpt.config import TrainSchema, typed
+    from minigpt.config.rules import train_problems
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
+        train = typed(compose("train", overrides=["data.packing=best_fit"]), TrainSchema)
+    assert any(p.startswith("data.packing=best_fit packs documents") for p in train_problems(train))

@@ -43,6 +43,13 @@ DATA_RULES = {
 }
 
 
+# The sources that read each source-specific setting (minigpt.data.sources, minigpt.data.chat).
+READ_BY = {"paths": ("files", "chat"), "hub_name": ("hub", "chat"), "hub_config": ("hub", "chat"),
+           "data_files": ("hub",), "revision": ("hub",), "streaming": ("hub", "files"),
+           "train_shards": ("shards",), "val_shards": ("shards",),
+           "source_args": ("chat", "a dotted path")}
+
+
 class DataError(UserError, ValueError):
     """Bad data input or configuration; the message is one line naming the value and the fix."""
 
@@ -122,7 +129,26 @@ class DataConfig:
                  "chat": (self.paths or self.hub_name,
                           "source=chat needs paths (.jsonl files) or hub_name")}
         given, problem = needs.get(self.source, (True, ""))
-        return [] if given else [problem]
+        return ([] if given else [problem]) + self.unread_settings()
+
+    def unread_settings(self) -> list[str]:
+        """Settings given (not their defaults) that this source or alignment never reads: a
+        run would go on without them, unnoticed."""
+        defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING
+                    else f.default for f in dataclasses.fields(DataConfig)}
+        source = self.source if self.source in SOURCES else "a dotted path"
+        problems = [f"{key}={getattr(self, key)!r} is read only by source={' or '.join(readers)}, "
+                    f"not by source={self.source}: drop it, or choose a source that reads it"
+                    for key, readers in READ_BY.items()
+                    if source not in readers and getattr(self, key) != defaults[key]]
+        if self.source == "shards" and self.tokenizer != "gpt2":
+            problems.append(f"tokenizer={self.tokenizer} does nothing with source=shards (llm.c "
+                            "shards hold GPT-2 ids): drop it")
+        if self.packing != "in_order" and self.align != "bos":
+            problems.append(f"packing={self.packing} packs documents into BOS-aligned rows and "
+                            f"does nothing with align={self.align}: add data.align=bos, or drop "
+                            "data.packing")
+        return problems
 
     @classmethod
     def from_any(cls, cfg: Any) -> DataConfig:
