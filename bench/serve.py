@@ -83,8 +83,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _write_checkpoint(path: Path, args) -> Path:
     """Random weights of the model shape in the documented checkpoint format."""
-    from omegaconf import OmegaConf
-
+    from bench.recipe_configs import train_config
     from minigpt.checkpoint import checkpoint_metadata
     from minigpt.model import GPT, GPTConfig
     from minigpt.tokenizer import CharTokenizer, get_tokenizer
@@ -92,8 +91,8 @@ def _write_checkpoint(path: Path, args) -> Path:
     if args.self_test:
         shape = TINY_SHAPE
     else:
-        yaml = OmegaConf.load(ROOT / "configs" / "model" / f"{args.model}.yaml")
-        shape = {k: yaml[k] for k in ("n_layer", "n_head", "n_embd", "context_length")}
+        model = train_config(f"model={args.model}").model  # what python train.py composes
+        shape = {k: model[k] for k in ("n_layer", "n_head", "n_embd", "context_length")}
     tokenizer = CharTokenizer(CHARS) if args.model == "toy" else get_tokenizer("gpt2")
     vocab_size = -(-tokenizer.vocab_size // 64) * 64
     torch.manual_seed(args.seed)
