@@ -415,6 +415,7 @@ def test_attention_cli_on_a_real_checkpoint(real_runs, tmp_path):
 
 def test_attention_cli_without_a_checkpoint_says_where_it_looked(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(FileNotFoundError, match="looked for last.ckpt under .*ckpt_path="):
+    with pytest.raises(FileNotFoundError, match="checkpoints_root=outputs does not exist .*give "
+                                                "ckpt_path=FILE or pretrained=DIR"):
         viz("attention", f"out={tmp_path / 'x.png'}")
     assert not (tmp_path / "x.png").exists()
