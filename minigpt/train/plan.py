@@ -113,7 +113,7 @@ def batch_plan(tokens_per_step: int | None, accumulate: int, batch_size: int,
 class RunPlan:
     """Everything about how a run trains that is derived from the config and the machine. The
     batch needs the number of processes, which Fabric knows once built from the rest:
-    ``resolve_plan`` leaves it out until ``with_world`` adds it, once."""
+    ``resolve_plan`` leaves it out until ``for_world`` adds it (see the module docstring)."""
 
     accelerator: str  # "cpu", "gpu", or another Lightning accelerator name
     precision: str  # Lightning's name: "bf16-mixed", "16-mixed", "32-true", ...

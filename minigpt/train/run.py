@@ -168,6 +168,7 @@ def prepare(train: TrainSchema, plan: RunPlan, fabric: Fabric) -> tuple[object, 
     """Data first: the model's vocabulary comes from the prepared data's tokenizer (and a chat
     template's special tokens). Every rank calls this; preparation is locked and idempotent (one
     prepares, the rest reuse). Returns the data (``open_training_data``) and the model."""
+    # data.batch_size as the plan has it so far (auto: 1); the data module takes the final one
     corpus = open_training_data(replace(train.data, batch_size=plan.batch.batch_size),
                                 train.data_root, init_from=train.model.init_from,
                                 progress=fabric.is_global_zero, log=fabric.print)
