@@ -1,12 +1,6 @@
-"""Which device a command runs on and in which number type: the one rule training and inference
-share, and the device check every command line shares.
-
-The rule (``preferred_dtype``) is a pure function of what the hardware can do: bfloat16 where it
-multiplies bfloat16 natively (Ampere and newer GPUs; CPUs with AMX or AVX512-BF16), float16 on
-GPUs that only emulate bfloat16 (V100, T4: emulated bf16 runs at a fraction of their fp16
-tensor-core speed), float32 elsewhere. Training turns it into Lightning's mixed precision
-(``minigpt.train.device.default_precision``); generate, eval and viz into the weights' dtype
-(``minigpt.inference``).
+"""Which device a command runs on and in which number type: one rule for training and inference
+(``preferred_dtype``: bfloat16 where the hardware multiplies it natively, float16 on GPUs that
+only emulate it, float32 elsewhere), and the device check every command line shares.
 """
 
 from __future__ import annotations
@@ -33,8 +27,7 @@ def cpu_has_native_bf16() -> bool:
 
 
 def has_native_bf16(device_type: str) -> bool:
-    """Whether this machine's ``device_type`` (``cuda``, ``cpu``, ...) multiplies bfloat16 in
-    hardware (emulation does not count)."""
+    """Whether this machine's ``device_type`` multiplies bfloat16 in hardware, not emulated."""
     if device_type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
     if device_type == "cpu":
@@ -43,16 +36,14 @@ def has_native_bf16(device_type: str) -> bool:
 
 
 def preferred_dtype(device_type: str, native_bf16: bool) -> torch.dtype:
-    """The number type to compute in on a ``device_type`` that does (or does not) multiply
-    bfloat16 natively: bfloat16 if it does; else float16 on a CUDA GPU, float32 elsewhere."""
+    """bfloat16 where it is native; else float16 on a CUDA GPU, float32 elsewhere."""
     if native_bf16 and device_type in ("cuda", "cpu"):
         return torch.bfloat16
     return torch.float16 if device_type == "cuda" else torch.float32
 
 
 def inference_dtype(name: str, device: str) -> torch.dtype:
-    """``dtype=name`` for a model on ``device``: ``auto`` follows ``preferred_dtype`` for this
-    machine, the others name a dtype (a ``UserError`` line for any other name)."""
+    """``dtype=name`` on ``device``: ``auto`` follows ``preferred_dtype`` for this machine."""
     if name not in DTYPES:
         raise UserError(f"dtype={name!r} must be one of {DTYPES}")
     if name != "auto":
@@ -62,9 +53,8 @@ def inference_dtype(name: str, device: str) -> torch.dtype:
 
 
 def check_device(name: str) -> str:
-    """``device=auto``: cuda if this machine has a GPU, else cpu; any other name as given, once
-    checked to exist here (else one ``UserError`` line naming the setting and what this machine
-    offers)."""
+    """``device=auto``: cuda if there is a GPU, else cpu; another name as given, once checked to
+    exist here (else a ``UserError`` naming what this machine offers)."""
     gpus = torch.cuda.device_count()
     if name == "auto":
         return "cuda" if gpus else "cpu"

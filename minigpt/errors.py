@@ -38,8 +38,8 @@ USER_ERROR_EXIT_CODE = 2
 
 @contextlib.contextmanager
 def one_line_errors(*also: type[BaseException]):
-    """For ``main()`` of a command-line entry point: a ``UserError`` or ``FileNotFoundError``
-    (or one of ``also``) becomes ``error: <message>`` on stderr and exit status 2."""
+    """A ``UserError``, ``FileNotFoundError`` or one of ``also`` -> ``error: <message>`` on
+    stderr and exit status 2."""
     try:
         yield
     except (UserError, FileNotFoundError, *also) as e:
@@ -53,8 +53,7 @@ INTERRUPTED_EXIT_CODE = 130  # the shell's code for a process ended by Ctrl-C
 
 @contextlib.contextmanager
 def command_line_errors(*also: type[BaseException]):
-    """``one_line_errors`` for a command the user may stop with Ctrl-C: that ends it quietly
-    with status 130 instead of a traceback."""
+    """``one_line_errors``, and Ctrl-C ends quietly with status 130."""
     try:
         with one_line_errors(*also):
             yield

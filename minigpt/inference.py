@@ -1,11 +1,10 @@
 """The one inference loader: a training checkpoint or a Hugging Face GPT-2 directory -> a model
-and its tokenizer on a device, in a number type. ``generate.py``, ``python -m minigpt.eval`` and
-``python -m minigpt.viz`` load through here, so ``device=`` and ``dtype=`` mean the same in all.
+and its tokenizer on a device, in a number type (generate.py, eval and viz alike).
 
-Two steps, because generate draws attention maps from the float32 model between them:
-``load_for_inference`` checks ``device`` and ``dtype`` (before reading any file) and reads the
-model (float32, on the CPU); ``LoadedModel.place`` puts it on its device in its dtype.
-``dtype=auto`` follows ``minigpt.devices.preferred_dtype``, training's precision rule.
+Two steps, so generate can draw attention maps from the float32 model between them:
+``load_for_inference`` checks ``device`` and ``dtype`` before reading any file and reads the
+model (float32, CPU); ``LoadedModel.place`` moves and casts it. ``dtype=auto`` follows
+``minigpt.devices.preferred_dtype``.
 """
 
 from __future__ import annotations
@@ -36,10 +35,6 @@ class LoadedModel:
     applied: list[str] = field(default_factory=list)  # CPU speedups ``place`` applied
     chat_template: ChatTemplate | None = None  # a fine-tuned chat model's; None: a base model
 
-    @property
-    def dtype_name(self) -> str:
-        return str(self.dtype).removeprefix("torch.")
-
     def place(self, cpu_speedups: bool = True, *, cast_weights: bool = True,
               traceable: bool = False) -> list[str]:
         """``place_model`` for this model on its device in its dtype: the speedups applied."""
@@ -54,25 +49,22 @@ class LoadedModel:
         return torch.autocast(torch.device(self.device).type, self.dtype)
 
     def scoring_autocast(self) -> Callable[[], contextlib.AbstractContextManager] | None:
-        """For a model placed with float32 weights (``place(cast_weights=False)``), as scoring
-        runs it: the autocast each forward pass runs in to compute in ``dtype``, as training's
-        evaluation does under mixed precision; ``None`` for float32."""
+        """For float32 weights (``place(cast_weights=False)``): the autocast that computes in
+        ``dtype``, as training's evaluation does; ``None`` for float32."""
         return None if self.dtype == torch.float32 else self.autocast
 
     def describe(self) -> str:
         """One line: source, size, tokenizer, context, device and dtype."""
         return (f"{self.source}: {self.model.num_params() / 1e6:.2f}M parameters, tokenizer "
                 f"{self.tokenizer.name!r}, context {self.model.config.context_length}, "
-                f"{self.device} {self.dtype_name}")
+                f"{self.device} {str(self.dtype).removeprefix('torch.')}")
 
 
 def load_for_inference(ckpt_path=None, pretrained=None, checkpoints_root="outputs", *,
                        device: str = "auto", dtype: str = "auto") -> LoadedModel:
-    """Check ``device`` and ``dtype`` (one ``UserError`` line each), then read the model:
-    ``pretrained`` (a Hugging Face GPT-2 directory), ``ckpt_path`` (a training checkpoint), or
-    the newest ``last.ckpt`` under ``checkpoints_root`` (``minigpt.checkpoint.load_model``).
-    The model comes back float32 on the CPU in eval mode; ``place`` it. A checkpoint of a
-    fine-tuned chat model brings its ``chat_template`` (``minigpt.chat.template``)."""
+    """Check ``device`` and ``dtype``, then read the model (``minigpt.checkpoint.load_model``:
+    ``pretrained``, ``ckpt_path`` or the newest ``last.ckpt`` under ``checkpoints_root``),
+    float32 on the CPU in eval mode, with a chat model's ``chat_template``; ``place`` it."""
     device = check_device(device)
     weights_dtype = inference_dtype(dtype, device)
     model, tokenizer, source = load_model(ckpt_path, pretrained, checkpoints_root)
@@ -86,9 +78,8 @@ def load_for_inference(ckpt_path=None, pretrained=None, checkpoints_root="output
 
 def load_for_scoring(ckpt_path=None, pretrained=None, checkpoints_root="outputs", *,
                      device: str = "auto", dtype: str = "auto") -> LoadedModel:
-    """``load_for_inference``, placed for scoring (``python -m minigpt.eval``, the harness's
-    ``MiniGPTLM``): float32 weights on the device, forward passes under
-    ``scoring_autocast()``."""
+    """``load_for_inference``, placed for scoring: float32 weights on the device, forward passes
+    under ``scoring_autocast()``."""
     loaded = load_for_inference(ckpt_path, pretrained, checkpoints_root, device=device,
                                 dtype=dtype)
     loaded.place(cast_weights=False)
@@ -97,11 +88,9 @@ def load_for_scoring(ckpt_path=None, pretrained=None, checkpoints_root="outputs"
 
 def place_model(model: GPT, device: str, dtype: torch.dtype, cpu_speedups: bool = True, *,
                 cast_weights: bool = True, traceable: bool = False) -> list[str]:
-    """Move ``model`` to ``device``. ``cast_weights``: in ``dtype``; on the CPU with
-    ``cpu_speedups`` as linear weights laid out for decoding instead (float32 activations;
-    ``minigpt.cpu``; ``traceable``: the row-sum layout a compiled decode step streams). Else the
-    weights stay float32 (forward passes run under ``LoadedModel.autocast()``). On a GPU,
-    float32 matmuls that remain use TF32 (this process). Returns the speedups applied."""
+    """Move ``model`` to ``device``; with ``cast_weights`` in ``dtype`` (on the CPU with
+    ``cpu_speedups``, as ``minigpt.cpu``'s decoding layouts instead; ``traceable``: the one a
+    compiled step streams), else float32. A GPU uses TF32. Returns the speedups applied."""
     model.to(device)
     if device.startswith("cuda"):
         torch.set_float32_matmul_precision("high")

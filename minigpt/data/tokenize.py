@@ -1,8 +1,5 @@
-"""Documents -> token ids per split: the function ``datasets.map`` runs over a source.
-
-``Tokenize`` encodes a batch of documents (long ones in pieces, on threads), appends the
-end-of-text token to each, and routes whole documents (or the tail of a single-document corpus)
-to the validation split by a fixed, order-independent rule.
+"""Documents -> token ids per split: ``Tokenize``, the function ``datasets.map`` runs over a
+source (long documents encoded in pieces, on threads; end-of-text appended to each).
 """
 
 from __future__ import annotations
@@ -18,17 +15,13 @@ from minigpt.tokenizer import CharTokenizer, Tokenizer, tokenizer_from_dict
 
 CHUNK_CHARS = 1 << 20  # documents longer than this are encoded in pieces (threads, memory)
 _GOLDEN = 0.6180339887498949
-
-
 _SAFE_BREAK = re.compile(r"(?<=\S\n)(?=[^\s/])")
 
 
 def split_long(text: str, max_chars: int = CHUNK_CHARS) -> list[str]:
-    """Cut a long text into pieces of about ``max_chars`` that encode to the same tokens as the whole.
-
-    The cuts fall after a newline that has a non-space on both sides (and no ``/`` after it): every
-    tiktoken pre-tokenizer regex (gpt2, cl100k, o200k) ends a piece there, so BPE never spans it.
-    """
+    """Cut a long text into pieces of about ``max_chars`` that encode to the same tokens as the
+    whole: after a newline with a non-space on both sides (no ``/`` after it), where every
+    tiktoken pre-tokenizer regex (gpt2, cl100k, o200k) ends a piece."""
     pieces, start = [], 0
     while len(text) - start > max_chars:
         m = _SAFE_BREAK.search(text, start + max_chars)
@@ -49,17 +42,14 @@ def text_of(value: Any, column: str) -> str:
 
 
 def _is_val_document(index: int, val_fraction: float) -> bool:
-    # A golden-ratio (Weyl) sequence: deterministic, and even a few documents split close to the
-    # requested fraction.
+    # a golden-ratio (Weyl) sequence: even a few documents split close to the fraction
     return ((index + 1) * _GOLDEN) % 1.0 < val_fraction
 
 
 class Tokenize:
-    """The ``datasets.map`` function: a batch of documents -> their ``train`` and ``val`` tokens.
-
-    ``val_split="tail"`` sends the last ``val_fraction`` of every document's tokens to val;
-    ``"document"`` sends whole documents (chosen by index). Each non-empty part ends with eot.
-    """
+    """A batch of documents -> their ``train`` and ``val`` tokens, each non-empty part ending
+    with eot: ``val_split="tail"`` sends the last ``val_fraction`` of every document to val,
+    ``"document"`` whole documents (chosen by index, order-independent)."""
 
     def __init__(self, tokenizer: dict, column: str, val_fraction: float, val_split: str,
                  dtype: str, num_threads: int = 1, transform: Callable[[str], str] | None = None):

@@ -1,8 +1,7 @@
 """``python -m minigpt.eval [harness] [key=value ...]`` (see configs/eval.yaml).
 
-A thin Hydra entry point. ``harness`` as the first argument runs lm-evaluation-harness tasks
-(``task=harness``); ``tasks=a,b`` is taken as a list (Hydra alone would refuse the comma).
-A utility, not a run: Hydra neither changes directory nor writes outputs/ or logs here.
+``harness`` as the first argument is ``task=harness``; ``tasks=a,b`` is a list. Hydra neither
+changes directory nor writes outputs here.
 """
 
 import sys
@@ -29,10 +28,8 @@ def main(cfg: DictConfig) -> None:
     from minigpt.errors import command_line_errors
     from minigpt.eval.run import run
 
-    # Bad input: one line and exit status 2 (user errors, missing files, downloads, a model
-    # that cannot read the text); other exceptions are bugs and keep their traceback.
-    with command_line_errors(ValueError, OSError):
-        run(typed(cfg, EvalCommandSchema))  # the typed config, from here on
+    with command_line_errors(ValueError, OSError):  # downloads, a model that cannot read the text
+        run(typed(cfg, EvalCommandSchema))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,11 @@
 """Held-out conversations as an evaluation task (``task=chat path=val.jsonl``), for a chat model
-fine-tuned with ``experiment=sft``: scored through its own chat template.
+fine-tuned with ``experiment=sft``, scored through its own chat template.
 
-Each line of the file is a conversation ``{"messages": [...]}`` (the form ``generate.py
-chat_input=`` reads), one of two kinds:
-
-- **exact match**: the last message is the assistant's reference reply; the model's greedy reply
-  to the messages before it (``minigpt.chat.session``, as ``generate.py chat=true
-  chat_input=`` answers) must equal it, leading and trailing whitespace aside (``exact_match``);
-- **multiple choice**: ``"choices": [text, ...]`` and ``"answer": <index>``; each choice is scored
-  as the assistant's reply (its tokens and the end token) after the messages, and the likeliest
-  must be the answer (``mc_acc``).
-
+Each line is ``{"messages": [...]}`` (as ``generate.py chat_input=`` reads), one of two kinds:
+- exact match: the last message is the assistant's reference; the greedy reply to the messages
+  before it must equal it, outer whitespace aside (``exact_match``);
+- multiple choice: ``"choices": [text, ...]`` and ``"answer": <index>``; each choice is scored as
+  the assistant's reply (and end token), the likeliest must be the answer (``mc_acc``).
 A file may mix both; each metric is the mean over the items that have it.
 """
 
@@ -55,8 +50,8 @@ class ChatTask(Task):
     def replies(self, model, items: Sequence[dict], *, device="cpu",
                 autocast: Callable[[], contextlib.AbstractContextManager] | None = None
                 ) -> list[str | None]:
-        """The greedy reply to each exact-match item (None for the others, and for an item too
-        long for the model's context, which then counts as a miss)."""
+        """The greedy reply to each exact-match item; None for the others and for an item too
+        long for the context (a miss)."""
         template = self._template()
         session = ChatSession(model, template.tokenizer, template, temperature=0,
                               autocast=autocast)

@@ -16,9 +16,8 @@ from minigpt.paths import check_paths
 
 
 def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
-    """Score the model ``cfg`` names on ``cfg.task`` (a task of ``minigpt.eval.registry``, or
-    ``harness``: lm-eval's tasks); print the table to ``out`` (stdout), write ``cfg.out``; return
-    what was written. ``cfg``: the typed config (a composed one is converted)."""
+    """Score the model ``cfg`` names on ``cfg.task`` (a registry task, or ``harness``); print
+    the table to ``out`` (stdout), write ``cfg.out``; return what was written."""
     from minigpt.devices import check_device
 
     out = out or sys.stdout
@@ -36,7 +35,6 @@ def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
 
 
 def _run_task(cfg: EvalCommandSchema, out) -> dict:
-    """A task of the registry, scored by ``minigpt.eval.task.evaluate``."""
     from minigpt.eval.registry import task_class
     from minigpt.eval.task import evaluate
 
@@ -53,7 +51,6 @@ def _run_task(cfg: EvalCommandSchema, out) -> dict:
 
 
 def _run_harness(cfg: EvalCommandSchema, out) -> dict:
-    """lm-eval's tasks (``cfg.tasks``) through ``minigpt.eval.harness``."""
     tasks = _task_list(cfg.tasks)
     from minigpt.eval.harness import MiniGPTLM, run_harness  # fails here without lm_eval
 
@@ -90,9 +87,8 @@ def task_table(result: dict, metrics) -> str:
 
 
 def _load(cfg: DictConfig):
-    """``(loaded, autocast)``: the model (``LoadedModel``) on its device with float32 weights,
-    and the autocast its forward passes run in to compute in ``cfg.dtype`` (``None``:
-    float32), as training's evaluation does under mixed precision."""
+    """``(loaded, autocast)``: float32 weights on the device, and the autocast that computes in
+    ``cfg.dtype`` (``None``: float32), as training's evaluation does."""
     from minigpt.inference import load_for_scoring
 
     loaded = load_for_scoring(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root,
@@ -132,9 +128,7 @@ def _write_json(path, result: dict) -> None:
 
     from minigpt.files import atomic_write
 
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"out={path}: the directory {path.parent} does not exist")
+    path = Path(path)  # checked by check_paths before any work
     text = json.dumps(result, indent=1, default=str) + "\n"
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     print(f"wrote {path}", file=sys.stderr, flush=True)

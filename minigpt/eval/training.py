@@ -1,10 +1,6 @@
-"""Evaluation tasks inside a training run: what the loop calls, given the ``eval:`` block of
-``configs/train.yaml`` (``tasks``, ``every``, ``limit``, ``path``, ``batch_size``).
-
-Its values are checked with the rest of the run's config (``minigpt.config.rules``); the run
-loads each task's items once with ``training_items`` (``None`` when off), and every
-``eval.every`` validations the loop logs ``tasks_in_training(...)`` (``eval/<task>/<metric>``)
-to its loggers and ``summary.json``.
+"""Evaluation tasks inside a training run, from the ``eval:`` block of ``configs/train.yaml``:
+the run loads each task's items once (``training_items``) and every ``eval.every`` validations
+the loop logs ``tasks_in_training(...)`` (``eval/<task>/<metric>``).
 """
 
 from __future__ import annotations
@@ -26,10 +22,9 @@ EVAL_CACHE = "eval"  # under data_root: where a task's default items are downloa
 
 def training_items(eval_cfg: EvalSchema, data_root, chat_template=None
                    ) -> list[tuple[Task, Sequence[Any]]] | None:
-    """Each task of ``eval.tasks`` with the items the run scores (the first ``eval.limit`` of
-    ``eval.path``, or of the task's default set, downloaded once into ``<data_root>/eval``),
-    or ``None`` with ``every: 0``. ``chat_template``: the run's (fine-tuning on conversations),
-    given to the tasks that read conversations (``task=chat``)."""
+    """Each task of ``eval.tasks`` with its first ``eval.limit`` items (of ``eval.path`` or the
+    default set, downloaded once into ``<data_root>/eval``), or ``None`` with ``every: 0``.
+    ``chat_template``: the run's, for the tasks that score conversations."""
     if not eval_cfg.every:
         return None
     tasks = training_tasks(eval_cfg, data_root)
@@ -44,8 +39,8 @@ def training_items(eval_cfg: EvalSchema, data_root, chat_template=None
 
 
 def training_tasks(eval_cfg: EvalSchema, data_root) -> list[Task]:
-    """The tasks ``eval.tasks`` names (none with ``every: 0``), their items not read yet: a
-    name that is not a task fails here, before a run does any work."""
+    """The tasks ``eval.tasks`` names (none with ``every: 0``), items not read yet: a bad name
+    fails before a run does any work."""
     if not eval_cfg.every:
         return []
     return [task_class(name, "eval.tasks")(eval_cfg.path, Path(data_root) / EVAL_CACHE)
@@ -56,16 +51,12 @@ def tasks_in_training(model, tokenizer, tasks: Sequence[tuple[Task, Sequence[Any
                       batch_size: int = 16,
                       autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
                       through_forward: bool = False) -> dict[str, float]:
-    """The metrics the loop logs at a validation, ``{"eval/<task>/<metric>": value}``, for each
-    task's items (``training_items``, loaded once).
+    """``{"eval/<task>/<metric>": value}`` for each task's items (``training_items``).
 
-    ``model``: the ``GPT`` being trained, back in its training mode afterwards; ``autocast``:
-    e.g. ``fabric.autocast``. By default the scorer calls ``model.hidden_states`` and
-    ``model.logits`` (the head only where a continuation is scored): pass the plain module
-    (``fabric_model.module``; Fabric refuses calls of methods other than ``forward`` on its DDP
-    wrapper, and the plain module holds the same weights). With FSDP, whose weights gather only
-    inside ``forward``, pass the Fabric-wrapped model and ``through_forward=True`` (every
-    position's logits: slower). Every rank computes the same numbers from the same items.
+    ``model``: the plain module being trained (the scorer calls ``hidden_states`` and ``logits``,
+    which Fabric's DDP wrapper refuses), back in training mode afterwards; ``autocast``: e.g.
+    ``fabric.autocast``. Under FSDP, whose weights gather only inside ``forward``, pass the
+    Fabric-wrapped model and ``through_forward=True``. Every rank computes the same numbers.
     """
     metrics = {}
     for task, items in tasks:
