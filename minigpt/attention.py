@@ -1,27 +1,18 @@
 """Fused causal multi-head attention: the block the whole project is built around.
 
 It keeps the constructor of the book's ``MultiHeadAttention`` (Raschka, *Build a Large Language
-Model (From Scratch)*, ch. 3) and gives the same numbers for the same weights, but
+Model (From Scratch)*, ch. 3) and its numbers for the same weights, but projects queries, keys
+and values with ONE ``nn.Linear(d_in, 3 * d_out)``, calls ``scaled_dot_product_attention`` with
+``is_causal=True`` on the plain path (no T x T mask), and loads the book's unfused state dict.
 
-* projects queries, keys and values with ONE ``nn.Linear(d_in, 3 * d_out)`` (one matmul, not three),
-* calls ``torch.nn.functional.scaled_dot_product_attention`` with ``is_causal=True`` on the plain
-  causal path, so no T x T mask is built or stored (flash / memory-efficient kernels can run),
-* loads the book's unfused state dict (``W_query/W_key/W_value/out_proj`` and its ``mask`` buffer).
+Variants, keyword-only and off by default: grouped-query attention (``num_kv_heads``), rotary
+positions (``rope``, ``minigpt.rope``), a sliding window (``window`` or ``scheduled_window``,
+``minigpt.window``), QK-norm (``qk_norm``), and packed documents (``document_ids``,
+``minigpt.documents``). ``forward`` reads top to bottom: project (and normalize), rotate, write
+the KV cache (``minigpt.kv_cache``), attend, project out; it is the only code that attends.
 
-Variants, keyword-only and off by default (the plain path above is unchanged by them):
-grouped-query attention (``num_kv_heads``: fewer key/value heads, a smaller projection and KV
-cache), rotary position embeddings (``rope``, ``minigpt.rope``), sliding-window attention
-(``window``, ``minigpt.window``; or ``scheduled_window``: a window the training loop changes as it
-goes, held as a tensor so a compiled graph is not rebuilt) and QK-norm (``qk_norm``: queries and keys scaled to unit RMS
-per head as they leave the projection). ``forward`` also takes ``document_ids``: a packed row of
-documents, each attending only within itself (``minigpt.documents``). ``forward`` reads top to
-bottom: project (and normalize), rotate (rope), write the KV cache (``minigpt.kv_cache``: the
-one cache, a ring for a window), attend, project out. It is the only code that attends: a prompt
-or one token, eager or captured in a CUDA graph.
-
-Shape letters used in comments:
-    B batch, T new tokens, L keys visible (cached + new), nh heads, nkv key/value heads, hd head
-    dim, C = d_out = nh * hd.
+Shape letters: B batch, T new tokens, L keys visible (cached + new), nh heads, nkv key/value
+heads, hd head dim, C = d_out = nh * hd.
 """
 
 from __future__ import annotations
@@ -42,28 +33,19 @@ _BOOK_PROJECTIONS = ("W_query", "W_key", "W_value")
 class MultiHeadAttention(nn.Module):
     """Causal multi-head self-attention with a fused QKV projection and PyTorch SDPA.
 
-    Args (same names and order as the book's class):
-        d_in: input features per token.
-        d_out: output features per token; split evenly over ``num_heads``.
-        context_length: the most tokens one forward pass may see.
-        dropout: dropout probability on the attention weights (training mode only).
-        num_heads: number of heads.
-        qkv_bias: bias on the query/key/value projection.
-    Keyword-only (the defaults are the book's and GPT-2's block):
-        out_bias: bias on the output projection (the book and GPT-2 have one).
-        num_kv_heads: key/value heads, shared by groups of ``num_heads // num_kv_heads`` query
-            heads (grouped-query attention; 1 is multi-query attention). The projection and the
-            KV cache shrink accordingly. None: ``num_heads`` (multi-head attention).
-        rope: rotate queries and keys by their positions (``minigpt.rope``), with ``rope_theta``.
-        window: each query sees its last ``window`` keys only (``minigpt.window``); None: all.
-        scheduled_window: the window is a tensor buffer (``live_window``, full length at first)
-            that ``set_window`` changes between steps (``GPTConfig.window_schedule``): data to a
-            compiled graph, never a recompile. Prompts and training attend under a dense band
-            mask; decoding with a KV cache attends to everything cached.
-        qk_norm: RMS-normalize each head's queries and keys over the head dimension (no learned
-            gain, ``qk_norm_eps`` inside the square root) before rope and the attention product,
-            so a score's size is set by the angle between query and key, not their lengths. The
-            KV cache stores the normalized (and rotated) keys.
+    Args (the book's): ``d_in``, ``d_out`` (split over ``num_heads``), ``context_length`` (the
+    most tokens one forward pass sees), ``dropout`` (on the attention weights), ``num_heads``,
+    ``qkv_bias``. Keyword-only, defaults the book's and GPT-2's:
+        out_bias: bias on the output projection.
+        num_kv_heads: key/value heads, each shared by ``num_heads // num_kv_heads`` query heads
+            (grouped-query attention; the projection and KV cache shrink); None: ``num_heads``.
+        rope: rotate queries and keys by their positions, with ``rope_theta``.
+        window: each query sees its last ``window`` keys only; None: all.
+        scheduled_window: the window is a buffer (``live_window``, full length at first) that
+            ``set_window`` changes between steps without a recompile; decoding with a KV cache
+            attends to everything cached.
+        qk_norm: RMS-normalize each head's queries and keys (no gain, ``qk_norm_eps``) before
+            rope, so a score is set by the angle between query and key, not their lengths.
     """
 
     def __init__(
@@ -89,7 +71,7 @@ class MultiHeadAttention(nn.Module):
         problems = _check_sizes(d_in, d_out, context_length, num_heads, dropout)
         if not problems:  # the variants' checks need valid sizes
             problems = _check_variants(d_out // num_heads, num_heads, num_kv_heads, rope,
-                                       rope_theta, window) + _check_qk_norm(qk_norm, qk_norm_eps)
+                                       rope_theta, window, qk_norm, qk_norm_eps)
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -111,8 +93,8 @@ class MultiHeadAttention(nn.Module):
                              else None, persistent=False)
 
     def set_window(self, window: int) -> None:
-        """Attend within the last ``window`` tokens from now on (``scheduled_window`` layers):
-        the buffer changes in place, so a compiled forward runs on without recompiling."""
+        """Attend within the last ``window`` tokens from now on (``scheduled_window`` layers; in
+        place, so a compiled forward does not recompile)."""
         if self.live_window is None:
             raise ValueError("set_window needs a layer built with scheduled_window=True "
                              "(GPTConfig.window_schedule)")
@@ -125,8 +107,7 @@ class MultiHeadAttention(nn.Module):
 
     @property
     def unbounded(self) -> bool:
-        """Rotary positions and a window: no position table and a bounded cache, so a sequence
-        (or a generation) may run past ``context_length``."""
+        """Rotary positions and a window: a sequence may run past ``context_length``."""
         return self.rope_theta is not None and self.window is not None
 
     def extra_repr(self) -> str:
@@ -145,17 +126,12 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor:
         """Attend causally over ``x`` (B, T, d_in) and return (B, T, d_out).
 
-        ``key_padding_mask`` (B, T) bool is True where a token is padding (as in
-        ``torch.nn.MultiheadAttention``); padded keys get no weight, and a query whose keys are all
-        masked returns the output projection of zeros (finite, never NaN). With ``kv_cache`` (a
-        ``KVCache``'s ``layers[i]``) the new tokens' keys/values are written to it and the queries
-        attend to everything cached as well. ``position_ids`` (B or 1, T) are the positions
-        rotary embeddings use (default: after the cached tokens); ignored without rope.
-        ``value_embedding`` (B, T, nkv * hd) is added to the new tokens' values before they are
-        attended to or cached (``GPTConfig.value_embeddings``); the scores do not change.
-        ``document_ids`` (B, T) int: a packed row of documents (``minigpt.documents``), each token
-        attending only to earlier tokens of its own document, rotary positions restarting at each
-        (unless ``position_ids`` are given); not with a KV cache (decoding is one document).
+        ``key_padding_mask`` (B, T) bool, True at padding: padded keys get no weight; a query
+        with none left gives the projection of zeros. ``kv_cache`` (a ``KVCache``'s
+        ``layers[i]``): the new keys and values join it and the queries see it all.
+        ``position_ids`` (B or 1, T): rope's positions (default: after the cached tokens).
+        ``value_embedding`` (B, T, nkv * hd) is added to the new values. ``document_ids`` (B, T)
+        int: each token attends within its own document, rope restarting at each; no cache.
         """
         q, k, v = self._project(x, key_padding_mask, kv_cache, document_ids)
         if value_embedding is not None:
@@ -188,9 +164,8 @@ class MultiHeadAttention(nn.Module):
 
     def _self_attention(self, q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None,
                         dropout_p: float, document_ids: Tensor | None = None) -> Tensor:
-        """T queries over their own T keys: full causal, or banded for a window shorter than T
-        (a sequence no longer than the window is plain causal attention), or within each
-        document of a packed row (``minigpt.documents``)."""
+        """T queries over their own T keys: within each document, banded for a window shorter
+        than T, or full causal."""
         if document_ids is not None:
             return document_attention(q, k, v, document_ids, self.current_window, padding,
                                       dropout_p, self._sdpa)
@@ -230,23 +205,19 @@ class MultiHeadAttention(nn.Module):
                                                   dropout_p=dropout_p, is_causal=is_causal)
         *batch, nh, T, hd = q.shape
         if T == 1 and not is_causal:
-            # Decoding: each group's query heads become queries of its one key/value head, so
-            # the cached keys are read once per group (enable_gqa repeats them per head).
+            # decoding: a group's query heads become queries of its key/value head, so the
+            # cached keys are read once per group (enable_gqa repeats them per head)
             grouped = q.reshape(*batch, self.num_kv_heads, nh // self.num_kv_heads, hd)
             return F.scaled_dot_product_attention(grouped, k, v, attn_mask=attn_mask,
                                                   dropout_p=dropout_p).view(q.shape)
-        # enable_gqa: the fused kernels read each key/value head for its group, no copies (as
-        # fast as repeating the heads first on the CPU, without their memory; flex_attention
-        # has no CPU backward)
+        # enable_gqa: the kernels read each key/value head for its group, no copies
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                               is_causal=is_causal, enable_gqa=True)
 
     def attention_weights(self, x: Tensor, key_padding_mask: Tensor | None = None,
                           position_ids: Tensor | None = None) -> Tensor:
-        """The softmax attention weights (B, nh, T, T) for inspection (no dropout, no cache).
-
-        Computed explicitly on request only; ``forward`` never materializes them.
-        """
+        """The softmax attention weights (B, nh, T, T), for inspection only (no dropout, no
+        cache; ``forward`` never materializes them)."""
         q, k, _ = self._project(x, key_padding_mask, None)
         if self.rope_theta is not None:
             if position_ids is None:
@@ -270,30 +241,21 @@ class MultiHeadAttention(nn.Module):
         document_ids: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, nh, T, hd), keys and values (B, nkv, T, hd) of ``x``, QK-normalized when
-        asked: every caller (``forward``, ``attention_weights``) gets them from here."""
+        asked: ``forward`` and ``attention_weights`` both get them from here."""
         self._check_inputs(x, key_padding_mask, kv_cache, document_ids)
-        q, k, v = self._project_heads(x)
-        if self.qk_norm_eps is not None:
-            q, k = rms_norm_heads(q, self.qk_norm_eps), rms_norm_heads(k, self.qk_norm_eps)
-        return q, k, v
-
-    def _project_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        B, T, _ = x.shape
-        if self.num_kv_heads != self.num_heads:
-            return self._project_grouped(x)
-        qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_dim)  # (B, T, 3, nh, hd)
-        # Unbind the (3) axis in place, then transpose: in backward the three gradients are
-        # stacked straight into qkv's contiguous layout (permuting first costs one more copy).
-        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # 3 x (B, nh, T, hd)
-        return q, k, v
-
-    def _project_grouped(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Grouped-query projection: q (B, nh, T, hd), k and v (B, nkv, T, hd)."""
         B, T, _ = x.shape
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv(x).view(B, T, nh + 2 * nkv, hd)  # (B, T, nh + 2 nkv, hd)
-        q, k, v = qkv.split([nh, nkv, nkv], dim=2)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if nkv == nh:
+            qkv = self.qkv(x).view(B, T, 3, nh, hd)  # (B, T, 3, nh, hd)
+            # unbind, then transpose: backward stacks the gradients straight into qkv's layout
+            q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # 3 x (B, nh, T, hd)
+        else:
+            qkv = self.qkv(x).view(B, T, nh + 2 * nkv, hd)  # (B, T, nh + 2 nkv, hd)
+            q, k, v = (t.transpose(1, 2) for t in qkv.split([nh, nkv, nkv], dim=2))
+        if self.qk_norm_eps is not None:  # before rope, which keeps the length: rope stays last
+            q = F.rms_norm(q, (hd,), eps=self.qk_norm_eps)
+            k = F.rms_norm(k, (hd,), eps=self.qk_norm_eps)
+        return q, k, v
 
     def _heads_of(self, value_embedding: Tensor, x: Tensor) -> Tensor:
         """(B, T, nkv * hd) -> (B, nkv, T, hd), the values' layout; a wrong shape is named."""
@@ -352,27 +314,17 @@ def _check_sizes(d_in, d_out, context_length, num_heads, dropout) -> list[str]:
     return problems
 
 
-def _check_variants(head_dim, num_heads, num_kv_heads, rope, rope_theta, window) -> list[str]:
+def _check_variants(head_dim, num_heads, num_kv_heads, rope, rope_theta, window, qk_norm,
+                    eps) -> list[str]:
     """Problems with the variant keywords (for valid sizes)."""
     problems = [check_kv_heads(num_kv_heads, num_heads), check_window(window)]
     if rope:
         problems += [check_rope_head_dim(head_dim), check_rope_theta(rope_theta)]
-    return [p for p in problems if p]
-
-
-def _check_qk_norm(qk_norm, eps) -> list[str]:
     if not isinstance(qk_norm, bool):
-        return [f"qk_norm={qk_norm!r} must be true or false"]
-    if qk_norm and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0):
-        return [f"qk_norm_eps={eps!r} must be a positive number"]
-    return []
-
-
-def rms_norm_heads(x: Tensor, eps: float) -> Tensor:
-    """``x / sqrt(mean(x**2) + eps)`` over the last (head) dimension, with no gain: QK-norm.
-    Before or after rope gives the same numbers up to rounding (a rotation keeps the length);
-    normalizing first keeps rope the last step before the cache, as without QK-norm."""
-    return F.rms_norm(x, (x.shape[-1],), eps=eps)
+        problems.append(f"qk_norm={qk_norm!r} must be true or false")
+    elif qk_norm and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0):
+        problems.append(f"qk_norm_eps={eps!r} must be a positive number")
+    return [p for p in problems if p]
 
 
 def check_kv_heads(num_kv_heads, num_heads) -> str | None:
@@ -393,12 +345,8 @@ def check_context_fits(tokens: int, context_length: int) -> None:
 
 
 def _fuse_book_state_dict(module, state_dict, prefix, *args) -> None:
-    """Load-state-dict pre-hook: turn the book's unfused layout into our fused one in place.
-
-    The book stores three ``Linear(d_in, d_out)`` projections and a ``mask`` buffer; we stack the
-    projections row-wise into ``qkv`` (queries, keys, values) and drop the mask, which SDPA does
-    not need.
-    """
+    """Load-state-dict pre-hook: the book's three projections stacked row-wise into ``qkv``
+    (queries, keys, values), its ``mask`` buffer dropped (SDPA needs none)."""
     state_dict.pop(prefix + "mask", None)
     for param in ("weight", "bias"):
         names = [f"{prefix}{proj}.{param}" for proj in _BOOK_PROJECTIONS]
