@@ -1,5 +1,4 @@
-"""``python -m minigpt.viz attention|runs [key=value ...]`` (see configs/viz.yaml): attention
-maps of a model, and plots of training runs.
+"""``python -m minigpt.viz attention|runs [key=value ...]`` (configs/viz.yaml)::
 
     python -m minigpt.viz attention ckpt_path=outputs/.../checkpoints/last.ckpt prompt="..." \\
         layer=0 out=heads.png
@@ -108,14 +107,12 @@ def viz_arguments(argv: list[str]) -> list[str]:
         near = difflib.get_close_matches(args[0], COMMANDS, n=1, cutoff=0.6)
         raise ConfigError(f"unknown command {args[0]!r}: " + (
             f"did you mean {near[0]}?" if near else "python -m minigpt.viz attention|runs ..."))
-    directories = []
+    lists = {key: [] for key in LIST_KEYS}
     if args and args[0] in COMMANDS:
         args[0] = f"command={args[0]}"
-        if args[0] == "command=runs":
-            while len(args) > 1 and "=" not in args[1] and not args[1].startswith("-"):
-                directories.append(args.pop(1))
-    lists = {key: [] for key in LIST_KEYS}
-    lists["runs"] = directories
+        while args[0] == "command=runs" and len(args) > 1 and "=" not in args[1] \
+                and not args[1].startswith("-"):
+            lists["runs"].append(args.pop(1))  # run directories
     rest = []
     for arg in args:
         key, _, value = arg.partition("=")
