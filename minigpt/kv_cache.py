@@ -133,14 +133,15 @@ class KVCache:
         for buffers in (self.keys, self.values):
             for i, buffer in enumerate(buffers):
                 buffers[i] = buffer.roll(offset, dims=2)
-        self.padding = self.padding.roll(offset, dims=1)
-        if offset > 0:
-            self.padding[:, :offset] = True
         length = start + offset
+        self.padding = self.padding.roll(offset, dims=1)
+        self.padding[:, :max(offset, 0)] = True
+        self.padding[:, length:] = False  # slots yet to be written hold no stale padding
         self.slot_pos.fill_(-1)
         self.slot_pos[:length] = torch.arange(length, device=self.slot_pos.device)
         self.seen.fill_(length)
-        self._length, self._padded = length, True
+        self._length = length
+        self._padded = bool(self.padding[:, :length].any())  # steps without padding: no mask
 
     def append_rows(self, other: KVCache) -> None:
         """Add ``other``'s rows (a prefill of new prompts, each at its own positions) after this
@@ -156,12 +157,13 @@ class KVCache:
                 rows = buffer.new_zeros((R, *buffer.shape[1:]))
                 rows[:, :, first:start] = new[:, :, :n]
                 mine[i] = torch.cat([buffer, rows])
-        padding = self.padding.new_ones(R, self.capacity)
+        padding = self.padding.new_zeros(R, self.capacity)
+        padding[:, :first] = True
         padding[:, first:start] = other.padding[:, :n]
         self.padding = torch.cat([self.padding, padding])
         self.visible = torch.cat([self.visible, self.visible.new_zeros(R, self.capacity)])
         self.next_position = torch.cat([self.next_position, other.next_position])
-        self._padded = True
+        self._padded = bool(self.padding[:, :start].any())
 
     def reset(self) -> None:
         """Forget the cached tokens; the buffers are reused in place, not reallocated."""
