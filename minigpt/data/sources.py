@@ -1,13 +1,14 @@
-"""Sources: a ``DataConfig`` -> a Hugging Face ``Dataset``/``IterableDataset`` of documents.
+"""Sources: what a run trains on, by its ``data.source`` name.
 
-A ``Source`` per kind of corpus: the built-in ones in ``SOURCES`` by their ``data.source``
-name, a user's function or class yielding documents by its dotted path (``UserSource``). A
-source also says where a run's tokens are (``stored_meta``, ``split_tokens``): prepared files,
-or for token shards the shards themselves (``ready_meta``: nothing to prepare).
-Every source ends in the same place: a dataset with the documents in one column (``text_column``),
-tokenized by one ``datasets.map`` path in ``prepare.py`` after an optional per-document
-``document_transform``. ``source_identity`` is the
-cheap part of the fingerprint: file names, sizes and mtimes, never file contents.
+A ``Source`` per kind of data: the built-in ones in ``SOURCES``, a user's function or class
+yielding documents by its dotted path (``UserSource``). Every source makes a run's data as its
+kind needs (``training_data``): tokens on disk, whose meta and streams it names (``stored_meta``,
+``split_tokens``: prepared files, or token shards as they are, ``ready_meta``), or conversations
+rendered when the run starts (``ChatSource``). A ``DocumentSource`` reads documents into a
+``datasets`` dataset with the text in one column (``text_column``), tokenized by one
+``datasets.map`` path in ``prepare.py`` after an optional per-document ``document_transform``.
+``source_identity`` is the cheap part of the fingerprint: file names, sizes and mtimes, never
+file contents.
 """
 
 from __future__ import annotations
