@@ -145,25 +145,35 @@ class KVCache:
 
     def append_rows(self, other: KVCache) -> None:
         """Add ``other``'s rows (a prefill of new prompts, each at its own positions) after this
-        cache's rows, their tokens ending where this cache's stream ends (the slots before them
-        are their padding). ``other`` may hold at most ``length`` tokens: ``shift`` first."""
-        start, n = self.length, other.length
-        if n > start or other.ring:
-            raise ValueError(f"a cache of {start} tokens cannot take rows of {n}: shift it by "
-                             f"{n - start} first")
-        R, first = len(other.padding), start - n
-        for mine, theirs in ((self.keys, other.keys), (self.values, other.values)):
-            for i, (buffer, new) in enumerate(zip(mine, theirs, strict=True)):
-                rows = buffer.new_zeros((R, *buffer.shape[1:]))
-                rows[:, :, first:start] = new[:, :, :n]
-                mine[i] = torch.cat([buffer, rows])
-        padding = self.padding.new_zeros(R, self.capacity)
-        padding[:, :first] = True
-        padding[:, first:start] = other.padding[:, :n]
-        self.padding = torch.cat([self.padding, padding])
-        self.visible = torch.cat([self.visible, self.visible.new_zeros(R, self.capacity)])
+        cache's rows, in one copy: the padding every row of this cache has first is dropped,
+        and all rows' tokens end together, at the longer of the two streams (the slots before a
+        row's tokens are its padding). Only for sliced, non-ring caches."""
+        lead = self.leading_padding()
+        kept, n = self.length - lead, other.length  # slots of tokens in each
+        length, B, R = max(kept, n), len(self.padding), len(other.padding)
+        if self.ring or other.ring or not self.sliced or length > self.capacity:
+            raise ValueError(f"a sliced, non-ring cache of {self.capacity} slots cannot take "
+                             f"rows of {n} tokens beside rows of {kept}")
+        mine, theirs = slice(length - kept, length), slice(length - n, length)
+        for buffers, others in ((self.keys, other.keys), (self.values, other.values)):
+            for i, (buffer, new) in enumerate(zip(buffers, others, strict=True)):
+                rows = buffer.new_zeros((B + R, *buffer.shape[1:]))  # padding slots: zeros
+                rows[:B, :, mine] = buffer[:, :, lead:self.length]
+                rows[B:, :, theirs] = new[:, :, :n]
+                buffers[i] = rows
+        padding = self.padding.new_zeros(B + R, self.capacity)
+        padding[:B, :mine.start] = True
+        padding[:B, mine] = self.padding[:, lead:self.length]
+        padding[B:, :theirs.start] = True
+        padding[B:, theirs] = other.padding[:, :n]
+        self.padding = padding
+        self.visible = self.visible.new_zeros(B + R, self.capacity)
         self.next_position = torch.cat([self.next_position, other.next_position])
-        self._padded = bool(self.padding[:, :start].any())
+        self.slot_pos.fill_(-1)
+        self.slot_pos[:length] = torch.arange(length, device=self.slot_pos.device)
+        self.seen.fill_(length)
+        self._length = length
+        self._padded = bool(padding[:, :length].any())
 
     def reset(self) -> None:
         """Forget the cached tokens; the buffers are reused in place, not reallocated."""

@@ -9,9 +9,10 @@ through ``GPT.forward`` with the cache: the one decode path, each row at its own
 padding never attended to, so a row's tokens do not depend on the others (up to the rounding
 of a larger matrix product).
 
-The rows stay left-aligned: the slots every row has as padding are shifted out before a join
-and whenever the stream reaches the cache's capacity (``KVCache.shift``), so a step attends over
-the longest row's tokens, never more than the context.
+The rows stay left-aligned: the slots every row has as padding are dropped when rows join
+(``KVCache.append_rows``, one copy) and shifted out whenever the stream reaches the cache's
+capacity (``KVCache.shift``), so a step attends over the longest row's tokens, never more than
+the context.
 
 Shape letters: B rows, T prompt tokens, V vocabulary.
 """
@@ -56,8 +57,6 @@ class RunningBatch:
         """Append the rows of a ``prefill`` cache, owned by ``owners``."""
         if self.cache is None:
             self.cache = self.model.new_kv_cache(0, self.capacity)
-        self.cache.shift(-self.cache.leading_padding())
-        self.cache.shift(max(0, cache.length - self.cache.length))
         self.cache.append_rows(cache)
         self.owners += owners
 

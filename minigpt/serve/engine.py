@@ -24,6 +24,10 @@ from minigpt.serve.batch import RunningBatch
 from minigpt.serve.sequence import Sequence, TokenLogprob, token_logprobs
 
 MAX_ADMISSIONS_IN_A_ROW = 8  # rounds that read new prompts before the running rows step
+# Prompt tokens read in one forward pass (a longer prompt is read alone). A CPU reads a prompt
+# at the same cost per row alone or batched, so small groups hand out first tokens sooner; a GPU
+# reads many rows for the price of one.
+CPU_PREFILL_TOKENS, GPU_PREFILL_TOKENS = 128, 4096
 
 
 class QueueFull(Exception):
@@ -33,11 +37,15 @@ class QueueFull(Exception):
 class Engine:
     """Decodes ``Sequence`` objects of ``model`` (placed, in eval mode) in one background
     thread: ``start``, ``submit``, ``stop``. ``capacity``: the tokens a row may hold (the
-    context)."""
+    context); ``prefill_tokens``: the most prompt tokens read in one forward pass (None: the
+    device's default)."""
 
     def __init__(self, model, *, max_batch: int = 16, max_queue: int = 64,
-                 capacity: int | None = None):
+                 capacity: int | None = None, prefill_tokens: int | None = None):
         self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
+        on_gpu = model.tok_emb.weight.device.type == "cuda"
+        self.prefill_tokens = prefill_tokens or (GPU_PREFILL_TOKENS if on_gpu else
+                                                 CPU_PREFILL_TOKENS)
         self.batch = RunningBatch(model, capacity or model.kv_cache_capacity())
         self.waiting: deque[Sequence] = deque()
         self.steps = 0  # decode steps taken (for tests and logs)
@@ -102,8 +110,11 @@ class Engine:
             if self._stopping:
                 return False
             self._joining = joining = []
-            while self.waiting and len(self.batch) + len(joining) < self.max_batch:
+            tokens = 0
+            while self.waiting and len(self.batch) + len(joining) < self.max_batch and \
+                    (not joining or tokens + len(self.waiting[0].prompt) <= self.prefill_tokens):
                 sequence = self.waiting.popleft()
+                tokens += len(sequence.prompt)
                 if not sequence.cancelled:
                     joining.append(sequence)
                 else:
