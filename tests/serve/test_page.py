@@ -157,3 +157,21 @@ def test_the_api_key_is_asked_for_and_remembered(browser, start_server, chat_che
     page.wait_for_function(named)
     assert page.input_value("#api-key") == "open sesame"
     page.close()
+
+
+def test_a_full_queue_says_when_to_retry(browser, server_url):
+    """The server's 429 (its queue full) as it sends it; routed here, since filling the queue
+    for real depends on timing."""
+    page = _open(browser, server_url + "/")
+    busy = {"error": {"message": "the server is busy: 64 requests are waiting (max_queue=64); "
+                                 "retry shortly", "type": "rate_limit_error", "param": None,
+                      "code": "queue_full"}}
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=429, headers={"Retry-After": "1"}, json=busy))
+    page.fill("#message", "hello")
+    page.click("#send")
+    page.wait_for_selector("#error", state="visible")
+    assert page.text_content("#error") == (f"The server is busy (429): "
+                                           f"{busy['error']['message']}. Retry in 1 s.")
+    assert page.input_value("#message") == "hello" and page.is_enabled("#send")
+    page.close()
