@@ -18,6 +18,11 @@ How a one-token step attends is a property of the cache (``sliced``): over the f
 over the whole capacity under that mask, so that every step has the same shapes and one captured
 graph replays them all (``minigpt.static_decoding``).
 
+A batch that requests join and leave between steps (``minigpt.serve``) keeps its rows in one
+sliced cache: ``append_rows`` adds the rows of a prefill cache, their tokens ending with the
+others' (earlier slots are their padding), ``rows`` keeps some, ``shift`` moves out the slots
+that are padding in every row.
+
 Shape letters: B batch, h cached heads, S slots, T new tokens, L visible keys, hd head dim.
 """
 
