@@ -1,11 +1,27 @@
 """What a dotted path in a config names (``torch.optim.SGD``, ``mypackage.tasks.MyTask``): how
-the extension points (optimizers, data sources, evaluation tasks) find a user's code."""
+the extension points (optimizers, data sources, evaluation tasks) find a user's code, and how
+its first use is checked.
+
+Each extension point is one ``ExtensionPoint`` (``EXTENSION_POINTS``, by config key), made
+where it is used: ``load`` imports what the path names and checks that it is the right kind of
+object, ``first_use`` runs the user's code (a call, the first pass over what it returned), and
+``returned`` checks a result. Each failure is one ``ExtensionError`` line naming the config key,
+the path, what was wrong and, for an error raised in the user's code, where.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
-from minigpt.errors import first_line
+from minigpt.errors import ConfigError, UserError, first_line
+
+
+class ExtensionError(ConfigError):
+    """A dotted path of a config that does not name what its key wants, or whose code failed
+    at its first use; one line naming the key and the fix."""
 
 
 def named_object(path: str, fits: Callable[[object], bool], misfit: str) -> tuple[object, str]:
@@ -19,3 +35,77 @@ def named_object(path: str, fits: Callable[[object], bool], misfit: str) -> tupl
     except Exception as e:  # ImportError, AttributeError, ValueError: all say the path is wrong
         return None, first_line(e, root_cause=True)
     return (found, "") if fits(found) else (None, misfit)
+
+
+@dataclass(frozen=True)
+class ExtensionPoint:
+    """A config key that takes a dotted path: ``kind`` words what it must name (``"a
+    torch.optim.Optimizer subclass"``), ``misfit(object)`` says what is wrong with an object
+    (None: nothing), ``fix`` is the advice that ends every error line."""
+
+    key: str
+    kind: str
+    misfit: Callable[[object], str | None]
+    fix: str
+
+    def load(self, path: str, key: str | None = None) -> object:
+        """What ``path`` names, checked; ``key``: the key that gave it, if not ``self.key``."""
+        why: list[str] = []
+
+        def fits(found: object) -> bool:
+            why.append(self.misfit(found) or "")
+            return not why[-1]
+
+        found, failed = named_object(path, fits, "")
+        if found is None:
+            raise ExtensionError(f"{key or self.key}={path!r} is not {self.kind} "
+                                 f"({failed or why[-1]}): {self.fix}")
+        return found
+
+    @contextlib.contextmanager
+    def first_use(self, path: str, doing: str, key: str | None = None,
+                  fix: str | None = None) -> Iterator[None]:
+        """Run user code inside: an exception it raises (not a ``UserError``, which is one
+        line already) becomes one line naming the key, ``doing`` (``"when called with ..."``),
+        the error, the file and line that raised it, and ``fix`` (default: fix the code there,
+        or name another object)."""
+        key = key or self.key
+        try:
+            yield
+        except UserError:
+            raise
+        except Exception as e:
+            fix = fix or f"fix that code, or set {key} to {self.kind} that works"
+            raise ExtensionError(f"{key}={path} failed {doing}: {first_line(e)} "
+                                 f"({_raised_at(e)}): {fix}") from None
+
+    def returned(self, path: str, result: object, wanted: str, fits: bool,
+                 key: str | None = None) -> None:
+        """One line unless ``fits``: ``result`` is not the ``wanted`` thing."""
+        if not fits:
+            raise ExtensionError(f"{key or self.key}={path} returned {kind_of(result)}, not "
+                                 f"{wanted}: {self.fix}")
+
+
+EXTENSION_POINTS: dict[str, ExtensionPoint] = {}
+
+
+def extension_point(key: str, kind: str, misfit: Callable[[object], str | None],
+                    fix: str) -> ExtensionPoint:
+    """The ``ExtensionPoint`` of ``key``, listed in ``EXTENSION_POINTS`` (a test walks them)."""
+    point = EXTENSION_POINTS[key] = ExtensionPoint(key, kind, misfit, fix)
+    return point
+
+
+def _raised_at(error: BaseException) -> str:
+    """``file:line`` of the innermost frame that raised ``error``."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return f"raised at {frames[-1].filename}:{frames[-1].lineno}" if frames else "raised"
+
+
+def kind_of(value: object) -> str:
+    """``"an int"``, ``"a list"``, ``"None"``: what a value is, in a message."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"

@@ -17,13 +17,13 @@ import hashlib
 import itertools
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from minigpt.data.config import DataConfig, DataError
 from minigpt.data.shards import ShardStream, shards_meta
 from minigpt.data.tokens import FORMAT_VERSION, TokenFile, load_meta
-from minigpt.dotted import named_object
+from minigpt.dotted import extension_point, kind_of
 from minigpt.errors import first_line
 from minigpt.files import TextFileError, check_text_files, guess_encoding, text_problem
 from minigpt.paths import expand_paths
@@ -238,6 +238,12 @@ class HubSource(DocumentSource):
         return f"dataset {cfg.hub_name!r}"
 
 
+USER_SOURCE = extension_point(
+    "data.source", "a source", lambda found: None if callable(found) else "not callable",
+    "use shakespeare, files, hub, or the dotted path of a function or class yielding documents, "
+    "importable from the working directory")
+
+
 class UserSource(DocumentSource):
     """``data.source=<dotted path>``: a user's function, or class, called with
     ``data.source_args`` as keyword arguments, whose result yields the documents as strings.
@@ -249,12 +255,7 @@ class UserSource(DocumentSource):
 
     def documents(self):
         """The function or class the path names."""
-        found, why = named_object(self.path, callable, "not callable")
-        if found is None:
-            raise DataError(f"data.source={self.path!r} is not a source ({why}): use shakespeare, "
-                            "files, hub, or the dotted path of a function or class yielding "
-                            "documents, importable from the working directory")
-        return found
+        return USER_SOURCE.load(self.path)
 
     def settings(self, cfg):
         return ("source_args",)
@@ -265,13 +266,21 @@ class UserSource(DocumentSource):
     def load(self, cfg):
         import datasets
 
-        documents = self.documents()(**cfg.source_args)
+        called = f"when called with data.source_args={cfg.source_args}"
+        with USER_SOURCE.first_use(self.path, called):
+            documents = self.documents()(**cfg.source_args)
+        USER_SOURCE.returned(self.path, documents, "an iterable of documents (str)",
+                             isinstance(documents, Iterable) and not isinstance(documents, str))
         texts = []
-        for i, text in enumerate(itertools.islice(documents, cfg.max_documents)):
-            if not isinstance(text, str):
-                raise DataError(f"data.source={self.path} yielded a {type(text).__name__} as "
-                                f"document {i}: a source yields each document as a str")
-            texts.append(text)
+        with USER_SOURCE.first_use(self.path, "while yielding its documents"):
+            for i, text in enumerate(itertools.islice(documents, cfg.max_documents)):
+                if not isinstance(text, str):
+                    raise DataError(f"data.source={self.path} yielded {kind_of(text)} as "
+                                    f"document {i}: a source yields each document as a str")
+                texts.append(text)
+        if not texts:
+            raise DataError(f"data.source={self.path} yielded no documents ({called}): a source "
+                            "yields each document as a str")
         return datasets.Dataset.from_dict({"text": texts})
 
     def where(self, cfg):

@@ -3,8 +3,7 @@ path (``minigpt.dotted``), so a task of one's own needs no edit here."""
 
 from __future__ import annotations
 
-from minigpt.dotted import named_object
-from minigpt.errors import UserError
+from minigpt.dotted import extension_point
 from minigpt.eval.chat import ChatTask
 from minigpt.eval.hellaswag import HellaSwag
 from minigpt.eval.task import Task
@@ -17,14 +16,22 @@ TASK_RULE = Satisfies(lambda t: t in ("harness", *TASKS) or isinstance(t, str) a
                       "minigpt.eval.task.Task subclass")
 
 
+def _misfit(found: object) -> str | None:
+    if not (isinstance(found, type) and issubclass(found, Task)):
+        return "not a minigpt.eval.task.Task subclass"
+    missing = [name for name in ("items", "requests", "item_metrics")
+               if getattr(found, name) is getattr(Task, name)]
+    return f"a Task subclass without {', '.join(missing)} of its own" if missing else None
+
+
+TASK = extension_point("task", "an evaluation task", _misfit,
+                       f"use {', '.join(TASKS)}, or the dotted path of a minigpt.eval.task.Task "
+                       "subclass importable from the working directory")
+
+
 def task_class(name: str, key: str = "task") -> type[Task]:
-    """The ``Task`` class ``name`` names; a name that does not is one line naming ``key``."""
+    """The ``Task`` class ``name`` names: a built-in one, or a user's subclass that defines
+    ``items``, ``requests`` and ``item_metrics``; anything else is one line naming ``key``."""
     if name in TASKS:
         return TASKS[name]
-    found, why = named_object(name, lambda c: isinstance(c, type) and issubclass(c, Task),
-                              "not a minigpt.eval.task.Task subclass")
-    if found is None:
-        raise UserError(f"{key}={name!r} is not an evaluation task ({why}): use "
-                        f"{', '.join(TASKS)}, or the dotted path of a minigpt.eval.task.Task "
-                        "subclass importable from the working directory")
-    return found
+    return TASK.load(name, key)

@@ -28,7 +28,7 @@ from torch import nn
 
 from minigpt.attention import MultiHeadAttention
 from minigpt.config.schema import OptimSchema
-from minigpt.dotted import named_object
+from minigpt.dotted import extension_point
 from minigpt.errors import ConfigError
 from minigpt.model import GPT, Block
 
@@ -136,18 +136,35 @@ def block_matrices(model: nn.Module) -> list[nn.Parameter]:
     return found
 
 
+def _misfit(found: object) -> str | None:
+    if isinstance(found, type) and issubclass(found, torch.optim.Optimizer):
+        return None
+    return "not a torch.optim.Optimizer subclass"
+
+
+OPTIMIZERS = {key: extension_point(
+    f"optim.{key}", "an optimizer class", _misfit, "give the dotted path of a "
+    "torch.optim.Optimizer subclass importable from the working directory, e.g. torch.optim.SGD "
+    "or mypackage.optim.MyOptimizer") for key in ("optimizer", "matrix_optimizer")}
+
+
 def optimizer_class(path: str, key: str = "optimizer") -> type[torch.optim.Optimizer]:
     """The ``torch.optim.Optimizer`` subclass a dotted path names (``torch.optim.AdamW``, a
     user's ``mypackage.optimizers.MyOptimizer``), imported with Hydra's ``get_object``; a path
     that does not name one is one line naming ``optim.<key>`` and the fix."""
-    cls, why = named_object(path, lambda c: isinstance(c, type)
-                            and issubclass(c, torch.optim.Optimizer),
-                            "not a torch.optim.Optimizer subclass")
-    if cls is None:
-        raise ConfigError(f"optim.{key}={path!r} is not an optimizer class ({why}): give the "
-                          "dotted path of a torch.optim.Optimizer subclass importable from the "
-                          "working directory, e.g. torch.optim.SGD or mypackage.optim.MyOptimizer")
-    return cls
+    return OPTIMIZERS[key].load(path)
+
+
+def _built(key: str, path: str, cls: type, params, lr: float, kwargs: dict):
+    """``cls(params, lr=lr, **kwargs)``: its failure is one line naming ``optim.<key>``."""
+    given = ", ".join(kwargs) or "nothing else"
+    fix = (f"check that {cls.__name__} takes minigpt's parameter groups and these arguments "
+           f"(optim.{KWARGS[key]}), or choose another class")
+    with OPTIMIZERS[key].first_use(path, f"when built with lr and {given}", fix=fix):
+        return cls(params, lr=lr, **kwargs)
+
+
+KWARGS = {"optimizer": "optimizer_kwargs", "matrix_optimizer": "matrix_kwargs"}
 
 
 def checkpoint_name(cls: type) -> str:
@@ -175,7 +192,8 @@ def main_optimizer(model: nn.Module, optim: OptimSchema, *, fused: bool,
                                **({"fused": True} if fused else {})})
     groups = param_groups(model, optim.weight_decay, exclude, embedding_lr=optim.embedding_lr,
                           head_lr=optim.head_lr)
-    return cls(groups, lr=optim.lr, **{**settings, **optim.optimizer_kwargs})
+    return _built("optimizer", optim.optimizer, cls, groups, optim.lr,
+                  {**settings, **optim.optimizer_kwargs})
 
 
 def matrix_optimizer(model: nn.Module, optim: OptimSchema) -> torch.optim.Optimizer:
@@ -188,8 +206,9 @@ def matrix_optimizer(model: nn.Module, optim: OptimSchema) -> torch.optim.Optimi
                                "momentum": optim.muon_momentum, "nesterov": True,
                                "adjust_lr_fn": optim.muon_adjust_lr})
     splits = split_qkv(model) if optim.muon_split_qkv else []
-    optimizer = cls(muon_parameters(block_matrices(model), splits), lr=optim.muon_lr,
-                    **{**settings, **optim.matrix_kwargs})
+    optimizer = _built("matrix_optimizer", optim.matrix_optimizer, cls,
+                       muon_parameters(block_matrices(model), splits), optim.muon_lr,
+                       {**settings, **optim.matrix_kwargs})
     hand_over_grads(optimizer, splits)
     return optimizer
 
