@@ -149,7 +149,11 @@ def describe_config_error(error: BaseException, schema: type) -> str | None:
             return _unknown_key(full_key, schema)
         if isinstance(e, ValidationError) and full_key:
             reason = _first_line(getattr(e, "msg", "") or str(e))
-            return f"{full_key}={getattr(e, 'value', '?')!r} does not fit its type: {reason}"
+            value = getattr(e, "value", "?")
+            unset = isinstance(value, str) and value.strip().lower() == "none"
+            return f"{full_key}={value!r} does not fit its type: {reason}" + (
+                f"; to leave it unset write {full_key}=null (None is a word to Hydra, not "
+                "Python's None)" if unset else "")
         if isinstance(e, MissingConfigException):
             lines = [line.strip() for line in str(e).splitlines() if line.strip()]
             options = [line for line in lines[2:] if not line.startswith(("Config search",

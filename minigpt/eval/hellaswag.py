@@ -14,6 +14,7 @@ file, downloaded once and cached.
 from __future__ import annotations
 
 import contextlib
+import logging
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from minigpt.errors import UserError, first_line
 from minigpt.eval.scoring import Score, score_pairs
 from minigpt.eval.task import Task, evaluate
 from minigpt.files import atomic_write, read_jsonl
+
+log = logging.getLogger(__name__)
 
 VALIDATION_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VALIDATION_FILE = "hellaswag_val.jsonl"
@@ -80,6 +83,10 @@ def _parse_item(record: dict, where: str) -> Item:
         context = f"{record['ctx_a']} {record['ctx_b']}".strip()
     else:
         raise HellaSwagError(f"{where}: no 'ctx' text (nor 'ctx_a' and 'ctx_b'); {FORMAT}")
+    if not context.strip():
+        field_name = "ctx" if "ctx" in record else "ctx_a and ctx_b"
+        raise HellaSwagError(f"{where}: '{field_name}' is empty: an item's endings are scored "
+                             "after its context, which needs some text")
     endings = record.get("endings")
     if not isinstance(endings, list) or not all(isinstance(e, str) for e in endings):
         raise HellaSwagError(f"{where}: no 'endings' list of strings; {FORMAT}")
@@ -134,6 +141,21 @@ class HellaSwag(Task):
 
     def items(self, limit: int | None = None) -> list[Item]:
         return load_items(self.path, limit, self.cache_dir)
+
+    def check_tokenizer(self, tokenizer) -> None:
+        """HellaSwag's set is English scored in BPE tokens (GPT-2's 29.55% acc_norm): a
+        character-level model is refused on it, and told once when it scores a file of its
+        own."""
+        if getattr(tokenizer, "name", None) != "char":
+            return
+        if self.path is None:
+            raise HellaSwagError(
+                "HellaSwag's validation set is scored with a BPE tokenizer (GPT-2's), and this "
+                "model's tokenizer is character-level: its numbers would compare with none "
+                "published; evaluate a model trained with data.tokenizer=gpt2, or give path= a "
+                "file of items in your corpus's characters")
+        log.warning("HellaSwag items of %s scored with a character-level tokenizer: the "
+                    "published numbers are in GPT-2's BPE tokens and do not compare", self.path)
 
     def requests(self, item: Item, tokenizer) -> list[tuple[list[int], list[int]]]:
         context = tokenizer.encode(item.context)

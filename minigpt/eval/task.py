@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from minigpt.errors import UserError
 from minigpt.eval.scoring import Score, score_pairs
 
 
@@ -41,6 +42,10 @@ class Task:
     def items(self, limit: int | None = None) -> Sequence[Any]:
         """The first ``limit`` items (all with None); a bad file is a one-line error."""
         raise NotImplementedError
+
+    def check_tokenizer(self, tokenizer) -> None:
+        """A one-line ``UserError`` if the task cannot be scored in ``tokenizer``'s tokens
+        (``evaluate`` asks first); the default takes any."""
 
     def requests(self, item, tokenizer) -> list[tuple[list[int], list[int]]]:
         """The ``(context, continuation)`` token ids whose log-likelihood ``item`` needs."""
@@ -72,9 +77,16 @@ def evaluate(task: Task, model, tokenizer, items: Sequence[Any], *, batch_size: 
     continuations runs once), ``batch_size`` items per forward pass; ``truncated``: items with
     a request cut from the left to fit the model. See ``score_rows`` for ``autocast`` and
     ``through_forward``; ``progress`` shows a bar on stderr."""
+    task.check_tokenizer(tokenizer)
     pairs, spans = [], []  # spans: (first request, count) of each item
-    for item in items:
+    for i, item in enumerate(items):
         requests = task.requests(item, tokenizer)
+        for j, (context, continuation) in enumerate(requests):
+            if not len(context) or not len(continuation):
+                empty = "context" if not len(context) else "continuation"
+                raise UserError(f"{task.name}: item {i} (request {j}) has an empty {empty} "
+                                "after tokenizing: a continuation of at least one token is "
+                                "scored after a context of at least one; fix the item")
         spans.append((len(pairs), len(requests)))
         pairs += requests
     bar = None

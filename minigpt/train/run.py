@@ -96,6 +96,7 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     ckpt_path = resolve_ckpt_path(train.ckpt_path, Path("outputs"))
     resume = read_resume_point(ckpt_path, train.trainer.max_steps) if ckpt_path else None
     plan = resolve_plan(train)
+    check_optimizers_run(train.optim, plan.strategy, plan.precision)  # before Fabric's words
     loggers = build_loggers(train.logger, run_dir, resume.step if resume else None)
     fabric = build_fabric(train.trainer, plan, loggers, callbacks)
     plan, kept = for_world(plan, fabric.world_size, resume.batch if resume else None)
@@ -185,7 +186,6 @@ def preflight(train: TrainSchema, plan: RunPlan, resume: ResumePoint | None) -> 
     """What can be checked from the config alone, before any heavy work: a resumed checkpoint's
     model against the configured one, and whether a training step fits in memory. A model from
     ``model.init_from`` is only known once built (``run`` checks it then)."""
-    check_optimizers_run(train.optim, plan.strategy, plan.precision)
     training_tasks(train.eval, train.data_root)  # each of eval.tasks is a task class
     if train.model.init_from:
         return

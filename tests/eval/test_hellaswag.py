@@ -89,6 +89,9 @@ def _line(tmp_path, text):
     ('{"ctx": "a", "endings": ["b", "c", "d", "e"]}', r"bad.jsonl:2: 'label' is None"),
     ('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": 4}', r"'label' is 4, it must be"),
     ('[1, 2]', r"bad.jsonl:2: a JSON list, not an object"),
+    ('{"ctx": "", "endings": ["b", "c", "d", "e"], "label": 1}', r"bad.jsonl:2: 'ctx' is empty"),
+    ('{"ctx_a": " ", "ctx_b": "", "endings": ["b", "c", "d", "e"], "label": 1}',
+     r"bad.jsonl:2: 'ctx_a and ctx_b' is empty"),
 ])
 def test_bad_lines_name_file_line_and_field(tmp_path, text, message):
     with pytest.raises(HellaSwagError, match=message):
@@ -133,3 +136,39 @@ def test_download_failure_says_how_to_pass_a_local_file(tmp_path):
     with pytest.raises(HellaSwagError, match=r"cannot download.*path=FILE.jsonl"):
         download_validation(tmp_path / "cache", url=(tmp_path / "missing.jsonl").as_uri())
     assert not list((tmp_path / "cache").iterdir())  # no half-written file left behind
+
+
+def test_a_request_with_nothing_to_score_after_is_one_line_naming_the_item():
+    """A task of one's own whose item tokenizes to an empty context: one line naming the task
+    and the item, not the scorer's internal check."""
+    from minigpt.errors import UserError
+    from minigpt.eval.task import Task, evaluate
+
+    class Blank(Task):
+        name = "blank"
+        metrics = ("acc",)
+
+        def requests(self, item, tokenizer):
+            return [(tokenizer.encode(item), tokenizer.encode(" yes"))]
+
+    with pytest.raises(UserError, match=r"^blank: item 1 \(request 0\) has an empty context "
+                                        r"after tokenizing"):
+        evaluate(Blank(), tiny_model(), get_tokenizer("gpt2"), ["Is it?", ""])
+
+
+def test_a_character_level_model_is_refused_on_hellaswags_set(tmp_path, caplog):
+    from minigpt.eval.hellaswag import HellaSwag
+    from minigpt.eval.task import evaluate
+    from minigpt.model import GPT, GPTConfig
+    from minigpt.tokenizer import CharTokenizer
+
+    records = write_items(tmp_path / "items.jsonl")
+    chars = CharTokenizer(sorted({c for r in records for c in json.dumps(r)} | {" "}))
+    model = GPT(GPTConfig(vocab_size=128, context_length=64, n_layer=2, n_head=2, n_embd=32))
+    with pytest.raises(HellaSwagError, match=r"scored with a BPE tokenizer \(GPT-2's\), and this "
+                                             r"model's tokenizer is character-level"):
+        evaluate(HellaSwag(None, tmp_path / "cache"), model, chars, [])
+    task = HellaSwag(str(tmp_path / "items.jsonl"))  # the user's own items: scored, with a word
+    result = evaluate(task, model.eval(), chars, task.items(2))
+    assert result["n"] == 2
+    assert "scored with a character-level tokenizer" in caplog.text
