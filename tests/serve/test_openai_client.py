@@ -62,3 +62,13 @@ def test_an_error_is_the_clients_exception(client):
     assert error.value.status_code == 400
     assert error.value.code == "context_length_exceeded"
     assert "96 tokens" in error.value.message
+
+
+def test_several_prompts_and_choices(client):
+    result = client.completions.create(model="m", prompt=["ab", "xyz"], n=2, max_tokens=4,
+                                       temperature=1.0, seed=5)
+    assert [c.index for c in result.choices] == [0, 1, 2, 3]
+    assert result.usage.prompt_tokens == 5  # each prompt once, not once per choice
+    again = client.completions.create(model="m", prompt=["ab", "xyz"], n=2, max_tokens=4,
+                                      temperature=1.0, seed=5)
+    assert [c.text for c in again.choices] == [c.text for c in result.choices]  # seeded
