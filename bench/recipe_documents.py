@@ -34,7 +34,8 @@ def held_out_documents(prepared: Path, context_length: int) -> list[np.ndarray]:
     the end-of-text before it (the first document has none), at most ``context_length + 1``."""
     meta = load_meta(prepared)
     tokens = np.asarray(open_tokens(prepared, "val", meta)).astype(np.int64)
-    starts = document_starts(tokens, meta["tokenizer"]["eot_id"])
+    # the first document has no end-of-text before it: it starts at 0
+    starts = np.union1d([0], document_starts(tokens, meta["tokenizer"]["eot_id"]))
     ends = np.append(starts[1:] + 1, len(tokens))
     return [tokens[a:min(b, a + context_length + 1)] for a, b in zip(starts, ends, strict=True)
             if b - a > 1]
