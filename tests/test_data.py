@@ -679,7 +679,9 @@ def test_the_config_names_every_built_in_source_and_no_other():
     ({"source": "hub", "hub_name": "x/y", "paths": ["a.txt"]},
      "paths=['a.txt'] is read only by source=files or chat, not by source=hub"),
     ({"source": "files", "paths": ["a.txt"], "revision": "main"},
-     "revision='main' is read only by source=hub, not by source=files"),
+     "revision='main' is read only by source=hub or chat, not by source=files"),
+    ({"source": "files", "paths": ["a.txt"], "data_files": ["b.json"]},
+     "data_files=['b.json'] is read only by source=hub, not by source=files"),
     ({"source_args": {"folder": "mail"}}, "source_args={'folder': 'mail'} is read only by "
                                           "source=chat or a dotted path"),
     ({"source": "shards", "train_shards": "a", "val_shards": "b", "tokenizer": "char"},
@@ -688,6 +690,14 @@ def test_the_config_names_every_built_in_source_and_no_other():
 def test_a_setting_the_combination_never_reads_is_refused(settings, message):
     with pytest.raises(DataError, match=re.escape(message)):
         DataConfig(name="x", **settings)
+
+
+def test_settings_a_source_reads_are_accepted():
+    DataConfig(name="x", source="chat", hub_name="a/b", hub_config="c", revision="main",
+               source_args={"train_on": "all"})
+    DataConfig(name="x", source="hub", hub_name="a/b", streaming=True, data_files=["f.json"])
+    DataConfig(name="x", source="shards", train_shards="t_*", val_shards="v_*")
+    DataConfig(name="x", align="bos", packing="best_fit")
 
 
 def test_a_training_config_names_the_unread_setting_with_its_key():

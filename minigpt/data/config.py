@@ -45,7 +45,7 @@ DATA_RULES = {
 
 # The sources that read each source-specific setting (minigpt.data.sources, minigpt.data.chat).
 READ_BY = {"paths": ("files", "chat"), "hub_name": ("hub", "chat"), "hub_config": ("hub", "chat"),
-           "data_files": ("hub",), "revision": ("hub",), "streaming": ("hub", "files"),
+           "data_files": ("hub",), "revision": ("hub", "chat"), "streaming": ("hub", "files"),
            "train_shards": ("shards",), "val_shards": ("shards",),
            "source_args": ("chat", "a dotted path")}
 
