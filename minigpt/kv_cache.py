@@ -20,8 +20,8 @@ graph replays them all (``minigpt.static_decoding``).
 
 A batch that requests join and leave between steps (``minigpt.serve``) keeps its rows in one
 sliced cache: ``append_rows`` adds the rows of a prefill cache, their tokens ending with the
-others' (earlier slots are their padding), ``rows`` keeps some, ``shift`` moves out the slots
-that are padding in every row.
+others' (earlier slots are their padding), ``rows`` keeps some, ``drop_leading_padding`` moves
+out the slots that are padding in every row.
 
 Shape letters: B batch, h cached heads, S slots, T new tokens, L visible keys, hd head dim.
 """
@@ -114,33 +114,27 @@ class KVCache:
         return other
 
     def leading_padding(self) -> int:
-        """Slots at the start of the stream that are padding in every row: how far ``shift``
-        may move the rows back."""
+        """Slots at the start of the stream that are padding in every row."""
         if self.length == 0 or len(self.padding) == 0:
             return self.length
         real = ~self.padding[:, :self.length]  # (B, n)
         return int(real.any(dim=0).int().argmax())
 
-    def shift(self, offset: int) -> None:
-        """Move every row's cached tokens ``offset`` slots later in the stream (negative:
-        earlier), as a batch that rows join and leave (``minigpt.serve``) keeps its rows
-        left-aligned. Slots shifted in are padding; positions are unchanged, so every row
-        decodes as before. Only for a sliced, non-ring cache; the slots shifted out must be
-        padding (``leading_padding``) or empty."""
+    def drop_leading_padding(self) -> None:
+        """Move every row's cached tokens back by the slots that are padding in every row
+        (``leading_padding``), as a batch that rows join and leave (``minigpt.serve``) makes room
+        at the end of its stream; positions are unchanged, so every row decodes as before. Only
+        for a sliced, non-ring cache."""
+        offset = self.leading_padding()
         if offset == 0:
             return
-        start = self.length
         if self.ring or not self.sliced:
-            raise ValueError("only a sliced, non-ring KV cache shifts its rows")
-        if not -self.leading_padding() <= offset <= self.capacity - start:
-            raise ValueError(f"cannot shift {start} cached tokens by {offset} slots in a cache of "
-                             f"{self.capacity} with {self.leading_padding()} padding slots first")
+            raise ValueError("only a sliced, non-ring KV cache drops its leading padding")
         for buffers in (self.keys, self.values):
             for i, buffer in enumerate(buffers):
-                buffers[i] = buffer.roll(offset, dims=2)
-        length = start + offset
-        self.padding = self.padding.roll(offset, dims=1)
-        self.padding[:, :max(offset, 0)] = True
+                buffers[i] = buffer.roll(-offset, dims=2)
+        length = self.length - offset
+        self.padding = self.padding.roll(-offset, dims=1)
         self.padding[:, length:] = False  # slots yet to be written hold no stale padding
         self.slot_pos.fill_(-1)
         self.slot_pos[:length] = torch.arange(length, device=self.slot_pos.device)

@@ -11,7 +11,7 @@ of a larger matrix product).
 
 The rows stay left-aligned: the slots every row has as padding are dropped when rows join
 (``KVCache.append_rows``, one copy) and shifted out whenever the stream reaches the cache's
-capacity (``KVCache.shift``), so a step attends over the longest row's tokens, never more than
+capacity (``KVCache.drop_leading_padding``), so a step attends over the longest row's tokens, never more than
 the context.
 
 Shape letters: B rows, T prompt tokens, V vocabulary.
@@ -74,5 +74,5 @@ class RunningBatch:
     def step(self, tokens: Tensor) -> Tensor:
         """Each row reads its token (B, 1); the next token's logits (B, V)."""
         if self.cache.length == self.capacity:
-            self.cache.shift(-self.cache.leading_padding())
+            self.cache.drop_leading_padding()
         return self.model(tokens, kv_cache=self.cache, last_only=True)[:, -1]

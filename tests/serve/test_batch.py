@@ -37,14 +37,14 @@ def test_rows_joining_and_leaving_match_each_sequence_alone():
 
     join([prompt(5)])
     step()
-    join([prompt(9), prompt(2)])  # longer than the running row: the batch shifts right
+    join([prompt(9), prompt(2)])  # longer than the running row: all end together
     for _ in range(3):
         step()
     batch.keep([1, 2])  # the first row leaves
     del seqs[0]
     step()
     join([prompt(3)])
-    for _ in range(10):  # the stream reaches the capacity: padding shifted out, rows go on
+    for _ in range(10):  # the stream reaches the capacity: padding dropped, rows go on
         step()
     assert max(map(len, seqs)) <= 24
     batch.keep([])
@@ -54,7 +54,7 @@ def test_rows_joining_and_leaving_match_each_sequence_alone():
     step()
     batch.keep([1])  # the longest row leaves: its padding fills the stream's start
     del seqs[0]
-    for _ in range(4):  # the stream reaches the capacity: the padding is shifted out
+    for _ in range(4):  # the stream reaches the capacity: the padding is dropped
         step()
     assert batch.cache.length < 24
 
