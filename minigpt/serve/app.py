@@ -108,7 +108,10 @@ def _submit(service: Service, make) -> tuple[asyncio.Queue, list[Sequence]]:
     loop, queue = asyncio.get_running_loop(), asyncio.Queue()
 
     def sink(event: Event) -> None:  # called in the engine's thread
-        loop.call_soon_threadsafe(queue.put_nowait, event)
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+        except RuntimeError:  # the event loop is closed (shut down): no one is listening
+            pass
 
     sequences = make(sink)
     try:

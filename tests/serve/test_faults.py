@@ -178,7 +178,7 @@ def test_sigterm_mid_batch_exits_0_within_the_bound(base_checkpoint):
                     "text_completion"
             start = time.monotonic()
             server.send_signal(signal.SIGTERM)
-            assert server.wait(timeout=15) == 0
+            assert server.wait(timeout=15) == 0, server.stderr.read()[-2000:]
             assert time.monotonic() - start < 10
             for s in streams:
                 try:
