@@ -10,8 +10,8 @@ after warm-up, so machine noise hits both alike; the median of ``--repeats`` ste
 Peak memory: each (shape, variant) runs again in its own fresh subprocess (``--measure-memory``),
 see ``measure_memory``. Float32, training mode, dropout 0 (as both would train), one step is
 ``y = attn(x); y.backward(grad)`` with gradients for the input and all weights. The fused block
-is timed as a CPU training run uses it, with ``minigpt.cpu.speed_up_training`` applied (its
-projections on oneDNN's GEMM), and once more as the plain module (PyTorch's default GEMM).
+runs on PyTorch's default float32 GEMM, as a CPU training run uses it (``minigpt.cpu`` leaves
+an attention block's linear layers alone).
 
 ``--variants``: one block of GPT-2 small's shape (768 dims, 12 heads, batch 1) per attention
 variant (GPT-2's, 4 and 1 key/value heads, rope, a 256-token window, rope + window), with the CPU
@@ -37,14 +37,12 @@ from bench.timing import (
     time_interleaved,
 )
 from minigpt.attention import MultiHeadAttention
-from minigpt.cpu import speed_up_training
 from tests.oracles import BookMultiHeadAttention
 
 SHAPES = {  # name -> (batch, tokens, d_model, heads)
     "8x256x384/6": (8, 256, 384, 6),
     "1x1024x768/12": (1, 1024, 768, 12),
 }
-FUSED_MKL = "fused, MKL GEMMs"  # the plain fused block: PyTorch's default float32 GEMM
 VARIANTS = {  # --variants: name -> MultiHeadAttention keywords, at 768 dims and 12 heads
     "gpt2": {},
     "gqa4": {"num_kv_heads": 4},
@@ -57,7 +55,7 @@ VARIANTS = {  # --variants: name -> MultiHeadAttention keywords, at 768 dims and
 
 def build(variant: str, shape: str, seed: int = 0):
     """The module (train mode, dropout 0), an input that needs a gradient and an output grad.
-    ``variant``: "book", "fused" (with the CPU speedups) or ``FUSED_MKL`` (without)."""
+    ``variant``: "book" or "fused"."""
     B, T, C, nh = SHAPES[shape]
     torch.manual_seed(seed)
     book = BookMultiHeadAttention(C, C, T, 0.0, nh).train()
@@ -65,11 +63,6 @@ def build(variant: str, shape: str, seed: int = 0):
     if variant != "book":
         module = MultiHeadAttention(C, C, T, 0.0, nh).train()
         module.load_state_dict(book.state_dict())  # the same weights, fused
-    if variant == "fused":
-        # The projections' nn.Linear become oneDNN ones. glibc's keep-freed-memory setting stays
-        # off: it is process-wide (the other variants would get it too), and measure_memory
-        # needs freed tensors to leave the resident set (else its baseline already holds them).
-        speed_up_training(module, keep_freed_memory=False)
     data = torch.Generator().manual_seed(seed + 1)  # the same inputs for both variants
     x = torch.randn(B, T, C, generator=data).requires_grad_()
     grad = torch.randn(B, T, C, generator=data)
@@ -96,10 +89,8 @@ def check_equal(shape: str) -> tuple[float, float]:
 
 
 def time_shapes(shape: str, warmup: int, repeats: int) -> dict[str, list[float]]:
-    """Seconds per forward + backward step, per round, variants interleaved. ``FUSED_MKL`` shows
-    how much of the speedup is the fusion and SDPA, and how much oneDNN's GEMM
-    (``minigpt.cpu.speed_up_training``)."""
-    runs = {v: partial(step, *build(v, shape)) for v in ("book", "fused", FUSED_MKL)}
+    """Seconds per forward + backward step, per round, variants interleaved."""
+    runs = {v: partial(step, *build(v, shape)) for v in ("book", "fused")}
     return time_interleaved(runs, warmup, repeats)
 
 
@@ -153,11 +144,10 @@ def memory_in_subprocess(variant: str, shape: str | int, threads: int) -> float:
 
 
 def build_variant(variant: str, T: int, seed: int = 0):
-    """A GPT-2-small-shaped block of ``VARIANTS[variant]`` for T tokens, as a CPU training run
-    uses it (``speed_up_training``), an input that needs a gradient and an output gradient."""
+    """A GPT-2-small-shaped block of ``VARIANTS[variant]`` for T tokens, an input that needs a
+    gradient and an output gradient."""
     torch.manual_seed(seed)
     module = MultiHeadAttention(768, 768, T, 0.0, 12, True, **VARIANTS[variant]).train()
-    speed_up_training(module, keep_freed_memory=False)
     data = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(1, T, 768, generator=data).requires_grad_()
     return module, x, torch.randn(1, T, 768, generator=data)
@@ -212,11 +202,11 @@ def main() -> None:
     header = (f"{'shape (B x T x C / heads)':<26} {'book ms':>9} {'fused ms':>9} {'speedup':>8} "
               f"{'book MiB':>9} {'fused MiB':>10} {'mem ratio':>10} {'out diff':>9} {'grad diff':>9}")
     print_header(header)
-    block_times, block_speedups = {}, {}
+    block_times = {}
     for shape in shapes:
         out_diff, grad_diff = check_equal(shape)
         t, speedup = _summary(time_shapes(shape, args.warmup, args.repeats))
-        block_times[shape], block_speedups[shape] = t, speedup
+        block_times[shape] = t
         mem = {v: memory_in_subprocess(v, shape, args.threads) for v in ("book", "fused")}
         print(f"{shape:<26} {t['book'] * 1e3:>9.1f} {t['fused'] * 1e3:>9.1f} "
               f"{speedup['fused']:>7.2f}x {mem['book']:>9.1f} {mem['fused']:>10.1f} "
@@ -225,12 +215,6 @@ def main() -> None:
           "mem ratio = fused peak / book peak\n(peak resident memory of one step above the "
           "baseline, each variant in its own process)\nout diff / grad diff = max abs difference "
           "of the outputs / input gradients (same weights and inputs)")
-    print("\nThe fused block's linear layers run on oneDNN's float32 GEMM (minigpt.cpu); the "
-          "book's nn.Linear\non PyTorch's default (MKL, whose AVX2 path AMD CPUs get). The fused "
-          "block on the default GEMM:\n")
-    for shape, t in block_times.items():
-        print(f"{shape:<26} {FUSED_MKL} {t[FUSED_MKL] * 1e3:.1f} ms = "
-              f"{block_speedups[shape][FUSED_MKL]:.2f}x the book")
 
     print("\nThe attention core alone (q, k, v -> context; forward + backward), where the variants "
           "differ:\n")
