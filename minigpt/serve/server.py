@@ -46,6 +46,23 @@ def check_settings(settings: ServeSchema) -> None:
     check_paths(settings)  # ckpt_path, pretrained, checkpoints_root: before the model loads
 
 
+def check_address(host: str, port: int) -> None:
+    """``host:port`` can be listened on (tried with a socket opened and closed at once), so that
+    an address in use or a host that names no interface answers before the model loads instead
+    of in uvicorn's log after it."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise UserError(f"host={host} port={port} cannot be listened on ({reason}): choose "
+                        "another port (port=0 takes a free one, printed at start-up), stop what "
+                        "listens there, or bind a host of this machine (127.0.0.1)") from None
+
+
 def load_service(settings: ServeSchema) -> Service:
     """The model of ``settings`` loaded, placed and wrapped with its engine (not started)."""
     from minigpt.inference import load_for_inference
@@ -77,6 +94,7 @@ def run(settings: ServeSchema) -> None:
     from minigpt.serve.app import create_app
 
     check_settings(settings)
+    check_address(settings.host, settings.port)
     service = load_service(settings)
     app = create_app(service, api_key=api_key_of(settings),
                      max_body_bytes=settings.max_body_bytes)

@@ -14,10 +14,10 @@ import httpx
 import pytest
 from chat_helpers import ROOT
 
-from minigpt.errors import ConfigError
+from minigpt.errors import ConfigError, UserError
 from minigpt.serve.batch import RunningBatch
 from minigpt.serve.config import ServeSchema
-from minigpt.serve.server import check_settings
+from minigpt.serve.server import check_address, check_settings
 
 
 def post(url, path="/v1/completions", **kwargs):
@@ -94,6 +94,21 @@ def test_binding_beyond_loopback_needs_a_key(base_checkpoint, monkeypatch):
     with pytest.raises(ConfigError, match="host=0.0.0.0 .* needs an API key"):
         check_settings(ServeSchema(ckpt_path=ckpt, host="0.0.0.0"))
     check_settings(ServeSchema(ckpt_path=ckpt, host="0.0.0.0", api_key="k"))
+
+
+def test_an_address_in_use_or_unknown_host_is_refused_before_loading():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(UserError, match=f"host=127.0.0.1 port={port} cannot be listened on "
+                                            r"\(Address already in use\)"):
+            check_address("127.0.0.1", port)
+    with pytest.raises(UserError, match="host=no.such.host.invalid port=0 cannot be listened on"):
+        check_address("no.such.host.invalid", 0)
+    check_address("127.0.0.1", 0)
 
 
 @pytest.fixture
