@@ -280,6 +280,10 @@ def output_problem(path: str, kind: str = OUTPUT_FILE) -> str | None:
         if absolute.parent.exists():
             return f"cannot be written: {absolute.parent} is a file, not a directory; give a " \
                    "path in a directory"
+        existing = next(p for p in absolute.parents if os.path.lexists(p))
+        why = _cannot_create_in(existing)  # mkdir -p would fail there too (/proc, read-only)
+        if why is not None:
+            return f"cannot be written: {why}; write it somewhere else"
         return f"is in a directory that does not exist ({absolute.parent}): make it first " \
                f"(mkdir -p {absolute.parent}) or write elsewhere"
     why = _cannot_create_in(absolute.parent)

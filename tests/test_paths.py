@@ -145,6 +145,18 @@ def test_unreadable_paths_are_tried_not_asked(kind, bad, monkeypatch):
     assert "Permission denied" in line and ("cannot be read" in line or "cannot read" in line)
 
 
+def test_an_output_file_under_missing_directories_where_none_can_be_made(tmp_path):
+    """A missing directory is made with mkdir -p where that can work; under /proc (or a
+    read-only filesystem) no file can be created, so that is what is said instead."""
+    under_proc = value_problems("out", "/proc/nothing/r.json", PathRole(OUTPUT_FILE))
+    assert under_proc == ["out=/proc/nothing/r.json cannot be written: no file can be created "
+                          "in /proc (No such file or directory); write it somewhere else"]
+    missing = tmp_path / "a" / "b"
+    assert value_problems("out", str(missing / "r.json"), PathRole(OUTPUT_FILE)) == [
+        f"out={missing / 'r.json'} is in a directory that does not exist ({missing}): make it "
+        f"first (mkdir -p {missing}) or write elsewhere"]
+
+
 def test_a_read_only_filesystem_is_named(tmp_path):
     """EROFS: only a write attempt tells (the modes say writable)."""
     from fault_helpers import small_tmpfs
