@@ -41,6 +41,11 @@ def init_model(model_cfg: ModelSchema | dict, tokenizer, vocab_size: int,
     if not source:
         return GPT(model_cfg.gpt_config(vocab_size))
     path = Path(source).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        inside = [p for p in (path / "last.ckpt", path / "checkpoints" / "last.ckpt") if p.is_file()]
+        raise ConfigError(f"model.init_from={source} is a directory without config.json: give a "
+                          "Hugging Face GPT-2 directory (config.json + model.safetensors) or a "
+                          f".ckpt file{f', e.g. model.init_from={inside[0]}' if inside else ''}")
     if path.is_dir():
         model = GPT.from_pretrained(str(path), dropout=model_cfg.dropout,
                                     context_length=model_cfg.context_length)

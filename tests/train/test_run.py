@@ -288,6 +288,9 @@ def test_init_from_checkpoint_and_hf_directory(tmp_path, data_root):
     torch.testing.assert_close(model.tok_emb.weight, source.tok_emb.weight)
 
     summary = run(tiny_cfg(data_root, "trainer.max_steps=2"), tmp_path / "run")
+    with pytest.raises(ConfigError, match=f"model.init_from={tmp_path / 'run'} is a directory "
+                       f"without config.json: .* e.g. model.init_from={summary['last']}$"):
+        init_model({"init_from": str(tmp_path / "run")}, tokenizer, 64)
     cfg = tiny_cfg(data_root, f"model.init_from={summary['last']}", "model.n_layer=5")
     char = get_tokenizer("char", chars="abc")
     with pytest.raises(ConfigError, match="trained with tokenizer"):
