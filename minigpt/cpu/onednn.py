@@ -4,9 +4,8 @@
 and ``linear(x, packed, bias)`` computes ``x @ weight.T + bias`` from that copy
 (``torch.ops.mkldnn._linear_pointwise``). Both are private ops, so ``available()`` (float32) and
 ``packs_bfloat16()`` try them once on a tiny product (on first use, never at import) before
-anything trusts them. oneDNN's bfloat16 path needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; on an
-AVX2-only CPU (AMD Zen 1-3, many Intel desktop and laptop chips) the ops raise, and
-``packs_bfloat16()`` is False.
+anything trusts them. oneDNN's bfloat16 path needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; on a
+CPU with neither the ops raise, and ``packs_bfloat16()`` is False.
 """
 
 from __future__ import annotations
