@@ -178,8 +178,11 @@ def value_problems(key: str, value: Any, role: PathRole) -> list[str]:
     if text in role.words or (role.at_file and not text.startswith("@")):
         return []
     path = os.path.expanduser(text[1:] if role.at_file else text)
-    if role.hub_name and not os.path.lexists(path) and _is_hub_name(text):
-        return []
+    if role.hub_name and not os.path.lexists(path):
+        from minigpt.hf import is_hub_name  # here, not at import: hf brings torch
+
+        if is_hub_name(text):
+            return []
     if role.kind == INPUT_GLOBS:
         return glob_problems(key, text, path)
     if role.kind in (OUTPUT_FILE, OUTPUT_DIR):
@@ -187,12 +190,6 @@ def value_problems(key: str, value: Any, role: PathRole) -> list[str]:
     else:
         problem = input_problem(path, role.kind, role.missing)
     return [_line(key, text, problem)] if problem else []
-
-
-def _is_hub_name(name: str) -> bool:
-    from minigpt.hf import is_hub_name
-
-    return is_hub_name(name)
 
 
 def input_problem(path: str, kind: str = INPUT_FILE, missing: str = PathRole.missing
