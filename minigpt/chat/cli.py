@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+import torch
+
 from minigpt.chat.session import ChatSession, ContextFullError
 from minigpt.chat.template import (
     ChatFormatError,
@@ -31,12 +33,11 @@ def run_chat(cfg, out=None, lines: Iterable[str] | None = None) -> dict | None:
     """``generate.py chat=true``: load the model ``cfg`` (a ``GenerateSchema``) names with its
     chat template, then talk in the terminal (``lines``: stdin) or answer ``cfg.chat_input``.
     Returns ``answer_conversations``' result in the file mode."""
-    import torch
-
     from minigpt.inference import load_for_inference
 
     out, err = out or sys.stdout, sys.stderr
-    conversations = None if cfg.chat_input is None else read_conversations(cfg.chat_input)
+    conversations = None if cfg.chat_input is None else \
+        [record["messages"] for record in read_records(cfg.chat_input)]
     loaded = load_for_inference(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root,
                                 device=cfg.device, dtype=cfg.dtype)
     template = chat_template_of(loaded, cfg.chat_template)
@@ -80,17 +81,11 @@ def chat_template_of(loaded, choice: str | None) -> ChatTemplate:
     return template
 
 
-def read_conversations(path, limit: int | None = None) -> list[list[dict]]:
-    """The conversations (``messages`` lists) of a ``.jsonl`` file, the first ``limit`` (all
-    with None); a bad line is one ``ChatFormatError`` naming the file, the line and the field."""
-    return [record["messages"] for record in read_records(path, limit)]
-
-
 def read_records(path, limit: int | None = None,
                  check: Callable[[dict], None] | None = None) -> list[dict]:
-    """The JSON objects of a ``.jsonl`` file of conversations, each with a checked
-    ``messages`` list (other fields as they are, ``check``ed if given: it raises
-    ``ChatFormatError``), blank lines skipped."""
+    """The first ``limit`` JSON objects (all with None) of a ``.jsonl`` file of conversations,
+    each with a checked ``messages`` list (other fields as they are, ``check``ed if given: it
+    raises ``ChatFormatError``); a bad line is one ``ChatFormatError`` naming file, line, field."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"conversation file {path} not found; {RECORD}")
@@ -121,11 +116,17 @@ def chat_in_terminal(session: ChatSession, lines: Iterable[str] | None = None, o
                      err=None) -> int:
     """Talk with the user: each line of ``lines`` (stdin) is a user turn, its reply streamed to
     ``out``; ``/reset`` and ``/exit`` as ``COMMANDS`` says. Returns the turns answered."""
-    lines = sys.stdin if lines is None else lines
+    lines = iter(sys.stdin if lines is None else lines)
     out, err = out or sys.stdout, err or sys.stderr
     turns = 0
     _note(err, f"chat: {COMMANDS}")
-    for line in _prompted(lines, err):
+    while True:
+        err.write("> ")
+        err.flush()
+        line = next(lines, None)
+        if line is None:  # end of input (Ctrl-D)
+            err.write("\n")
+            break
         text = line.rstrip("\r\n")
         command = text.strip()
         if command == "/exit":
@@ -147,19 +148,6 @@ def chat_in_terminal(session: ChatSession, lines: Iterable[str] | None = None, o
             _note(err, "(context full: the reply was cut; type /reset to start a new "
                        "conversation)")
     return turns
-
-
-def _prompted(lines: Iterable[str], err) -> Iterable[str]:
-    """``lines``, with the prompt written to ``err`` before each is read."""
-    iterator = iter(lines)
-    while True:
-        err.write("> ")
-        err.flush()
-        line = next(iterator, None)
-        if line is None:  # end of input (Ctrl-D)
-            err.write("\n")
-            return
-        yield line
 
 
 def answer_conversations(session: ChatSession, conversations: Sequence[Sequence[dict]],

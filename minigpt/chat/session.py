@@ -1,16 +1,9 @@
-"""A conversation with a chat model that keeps its KV cache across turns.
+"""A conversation with a chat model that keeps its KV cache across turns (docs/chat_cli.md).
 
-``ChatSession`` holds a model, its tokenizer, a chat template (``minigpt.chat.template``: it
-renders messages to token ids, ``prompt_ids`` ends with the assistant's header, ``end_id`` closes
-a turn) and one KV cache. Each turn feeds only what is new since the last one: the close of the
-previous reply (the token sampled last, which the model has not read yet, and the end token if
-the reply was cut) and the new messages with the assistant's header; the history is never read
-again. The reply is sampled one token at a time until the end token, ``max_new_tokens`` or a
-full context, its text streamed as soon as it is valid UTF-8 (``TextStream``).
-
-The tokens fed equal those of rendering the whole conversation again (the replies' text
-re-encoded), as long as re-encoding a reply gives back its sampled tokens: greedy replies equal
-those of re-reading the history with the uncached model (tests/chat/test_session.py).
+Each turn feeds only what is new since the last one (the close of the previous reply and the new
+messages up to the assistant's header) and samples the reply token by token, its text streamed
+as soon as it is valid UTF-8 (``TextStream``). Greedy replies equal those of re-reading the
+whole conversation with the uncached model (tests/chat/test_session.py).
 """
 
 from __future__ import annotations
@@ -144,7 +137,8 @@ class ChatSession:
             self.reset()
 
     def _sample_reply(self, new: list[int], on_text) -> Reply:
-        """Read ``new``, then sample the reply token by token (see the module docstring)."""
+        """Read ``new``, then sample the reply token by token until ``end_id``,
+        ``max_new_tokens`` or a full context."""
         stream = TextStream(self.tokenizer.decode)
         ids, stopped = [], "length"
         logits = self._read(new)

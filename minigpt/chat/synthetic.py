@@ -1,18 +1,10 @@
 """A synthetic instruction set with exact answers, in the characters of the toy Shakespeare model.
 
 ``python -m minigpt.chat.synthetic --out data/chat_synth`` writes ``train.jsonl`` and
-``val.jsonl`` (messages form, one conversation a line), seeded: the same files every time.
-Four kinds of task, equally often: reverse a word, add two two-digit numbers (the sum worked
-column by column, ``worked_sum``), answer a question from a given sentence, name a word's first
-letter. Held-out items never appear in training (no prompt
-is shared), so a model that answers them has learned the task, not the items.
-
-Only letters, digits, spaces and ``.,?:'`` are used: all of them are in the character vocabulary
-of ``data=shakespeare_char``, so the pretrained toy model can be fine-tuned on these as they are.
-
-``python -m minigpt.chat.synthetic --out data/chat_synth --score replies.jsonl`` scores the
-replies ``generate.py chat=true chat_input=data/chat_synth/val.jsonl chat_output=replies.jsonl``
-wrote, per task (it writes nothing then).
+``val.jsonl`` (seeded; no held-out prompt is in training) of four tasks: reverse a word, add two
+two-digit numbers (``worked_sum``), answer from a given sentence, name a word's first letter.
+``--score replies.jsonl`` scores ``generate.py chat=true``'s ``chat_output`` per task instead
+(docs/chat.md).
 """
 
 from __future__ import annotations
@@ -46,11 +38,8 @@ def add_task(rng: random.Random) -> tuple[str, str]:
 
 
 def worked_sum(a: int, b: int) -> str:
-    """The sum of two two-digit numbers worked column by column, the carry said, the total last:
-    ``worked_sum(46, 19) == "6 plus 9 is 15, 4 plus 1 plus 1 is 6, so 65"``. Each step is a
-    digit sum of characters just written, which a small model learns in a few hundred steps; the
-    bare total (``"65"``) asks it to do the whole sum before writing its first digit, which the
-    toy model did not learn in as many (docs/chat.md)."""
+    """The sum worked column by column, the carry said, the total last (docs/chat.md):
+    ``worked_sum(46, 19) == "6 plus 9 is 15, 4 plus 1 plus 1 is 6, so 65"``."""
     units = a % 10 + b % 10
     carry = " plus 1" if units >= 10 else ""
     tens = a // 10 + b // 10 + units // 10
@@ -86,11 +75,6 @@ def task_of(prompt: str) -> str | None:
     return None
 
 
-def conversation(prompt: str, answer: str) -> dict:
-    return {"messages": [{"role": "user", "content": prompt},
-                         {"role": "assistant", "content": answer}]}
-
-
 def make_items(n: int, seed: int, exclude: set[str] = frozenset()) -> list[tuple[str, str]]:
     """``n`` distinct (prompt, answer) items, the tasks taking turns, none with a prompt in
     ``exclude``. A draw that repeats a prompt is skipped, so a task with few prompts (2,400
@@ -109,7 +93,8 @@ def make_items(n: int, seed: int, exclude: set[str] = frozenset()) -> list[tuple
 
 
 def write_split(path: Path, items: list[tuple[str, str]]) -> None:
-    lines = [json.dumps(conversation(p, a)) for p, a in items]
+    lines = [json.dumps({"messages": [{"role": "user", "content": p},
+                                      {"role": "assistant", "content": a}]}) for p, a in items]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 

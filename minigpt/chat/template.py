@@ -1,35 +1,10 @@
 """The chat template: a conversation -> token ids, and which of them the loss trains on.
 
-A conversation is a list of messages ``{"role": "system" | "user" | "assistant", "content": str}``.
-It renders as::
-
-    BOS  <|user|> content <|end|>  <|assistant|> content <|end|>  <|user|> ...
-
-- ``BOS`` is the tokenizer's end-of-text id (``eot_id``): the token that begins a document in the
-  pretraining data, so a packed row's conversations are separate documents (``document_mask``).
-- Four special tokens, ``<|system|>``, ``<|user|>``, ``<|assistant|>`` and ``<|end|>``, take the
-  ids right after the tokenizer's own (``tokenizer.vocab_size + 0..3``): GPT-2 BPE 50257..50260,
-  inside a 50304-row model's padding; the character tokenizer the ids after its characters and
-  end-of-text. The model's vocabulary must hold ``min_vocab_size`` rows: a fresh model is sized
-  from it, a minigpt checkpoint's padding already does for both tokenizers, a Hugging Face GPT-2
-  (50257 rows) is grown when fine-tuning starts (``minigpt.train.model_init``).
-- Content is encoded as ordinary text: special-token text typed in a message stays text.
-
-API (stable; ``generate.py chat=true`` and the evaluation build on it):
-
-- ``ChatTemplate.for_tokenizer(tokenizer)``; ``to_dict()`` / ``ChatTemplate.from_dict(d, tokenizer)``
-  (stored in a checkpoint's metadata under ``chat_template``; ``read_chat_template(meta, tokenizer)``
-  gives it back, or None for a base model);
-- ``render(messages) -> (ids, train_mask)``: ``train_mask[i]`` is True where token ``i`` is a
-  target the loss trains on: the content of every assistant message and its ``<|end|>``;
-- ``prompt_ids(messages)``: the history then ``<|assistant|>``, what generation continues;
-- ``message_ids(message)``: one message's tokens. For a KV cache kept across turns:
-  ``prompt_ids(h + [reply, user]) == prompt_ids(h) + reply_ids + [end_id] + message_ids(user)
-  + [assistant_id]``, where ``reply_ids`` are the reply's content tokens;
-- ``end_id`` (generation stops there), ``bos_id``, ``assistant_id``, ``decode(ids)`` (special
-  tokens as their text).
-
-Bad messages raise ``ChatFormatError`` (a ``ValueError``) naming the message and the field.
+A conversation is a list of ``{"role": "system" | "user" | "assistant", "content": str}``,
+rendered ``BOS <|user|> content <|end|> <|assistant|> content <|end|> ...``: BOS is the
+tokenizer's end-of-text, the four special tokens take the ids after the tokenizer's own, and
+content is ordinary text (docs/chat.md). Bad messages raise ``ChatFormatError`` naming the message
+and the field.
 """
 
 from __future__ import annotations
@@ -89,7 +64,9 @@ class ChatTemplate:
 
     # ---- rendering ------------------------------------------------------------------------
     def message_ids(self, message: dict, index: int = 0) -> list[int]:
-        """``<|role|> content <|end|>`` of one message (``index`` names it in errors)."""
+        """``<|role|> content <|end|>`` of one message (``index`` names it in errors). A KV cache
+        kept across turns relies on ``prompt_ids(h + [reply, user]) == prompt_ids(h) + reply_ids
+        + [end_id] + message_ids(user) + [assistant_id]``."""
         role, content = check_message(message, index)
         try:
             text_ids = self.tokenizer.encode(content)
@@ -98,7 +75,8 @@ class ChatTemplate:
         return [self.role_ids[role], *text_ids, self.end_id]
 
     def render(self, messages: Sequence[dict]) -> tuple[list[int], list[bool]]:
-        """``(ids, train_mask)`` of a whole conversation, BOS first; see the module docstring."""
+        """``(ids, train_mask)`` of a whole conversation, BOS first; ``train_mask`` is True on
+        each assistant message's content and its ``<|end|>``."""
         check_conversation(messages)
         ids, mask = [self.bos_id], [False]
         for i, message in enumerate(messages):
