@@ -1,15 +1,8 @@
-"""Compile the training forward of blocks whose options have no fused CPU kernel.
-
-GPT-2's block runs on fused CPU kernels: LayerNorm's forward and backward and GELU are one pass
-over memory each. The modern block options are not: ``nn.RMSNorm`` (no fused CPU backward),
-QK-norm, rotary embeddings and ReLU² run as chains of small elementwise operations, each reading
-and writing the whole activation again, forward and backward. ``torch.compile`` fuses each chain
-into one loop; compiling the block (regional compilation) rather than the whole model leaves the
-LM-head loss to ``minigpt.cpu.loss`` and gives one graph that every block shares.
-
-Only the training call is compiled: no padding and no cache (the loss's path). Decoding
-(``kv_cache``, one token at a time, growing shapes) would recompile at every new length, so those
-calls stay eager. The block keeps its class, parameters and state-dict keys.
+"""Compile the training forward of blocks whose options have no fused CPU kernel (RMSNorm,
+QK-norm, rotary embeddings, ReLU²: eagerly, chains of small elementwise passes over memory), one
+block at a time, so that every block shares one graph and the loss stays ``minigpt.cpu.loss``'s.
+Only the training call (no padding, no cache) is compiled: decoding's growing shapes would
+recompile at every length. The block keeps its class, parameters and state-dict keys.
 """
 
 from __future__ import annotations
@@ -18,6 +11,23 @@ import functools
 
 import torch
 from torch import Tensor, nn
+
+
+def compile_blocks(model: nn.Module) -> list[str]:
+    """Compile the training forward of ``model.blocks`` when their options run unfused; the
+    line saying so, or why not (none for blocks that run fused)."""
+    config, blocks = getattr(model, "config", None), getattr(model, "blocks", None)
+    options = unfused_options(config) if config is not None and blocks is not None else []
+    if not options:
+        return []
+    if config.window is not None:
+        return [f"eager blocks ({', '.join(options)}; window: not compiled)"]
+    if not compiler_works():
+        return [f"eager blocks ({', '.join(options)}; torch.compile found no C++ compiler)"]
+    todo = [block for block in blocks if not is_compiled_for_training(block)]
+    for block in todo:
+        compile_training_forward(block)
+    return [f"compiled blocks ({', '.join(options)}) ({len(todo)})"] if todo else []
 
 
 def unfused_options(config) -> list[str]:

@@ -1,15 +1,10 @@
-"""A compiled CPU decode step's attention, fused into the step's own program.
+"""A compiled CPU decode step's one-query attention written as products and sums, which
+inductor fuses with the projections around it (SDPA's CPU kernel is a call out of the compiled
+program that splits its loops at every layer). Eagerly SDPA is the faster, so the instance is
+patched from outside to take this path only inside a compiled step.
 
-A one-token step attends one query per head over the cached keys. SDPA's CPU kernel is a call
-out of the compiled program with its own set-up (tens of microseconds a layer) that splits the
-step's fused loops in two at every layer; written as products and sums, the same attention
-becomes loops inductor fuses with the projections around it (``bench/README.md``). Eagerly (the
-prompt, an eager step) SDPA's kernel is the faster, so ``fuse_into_compiled_steps`` routes an
-attention's one-query step here only inside a compiled step, patching the instance from outside
-(as ``minigpt.cpu.blocks`` does for blocks): the core's ``MultiHeadAttention`` knows nothing of it.
-
-Shape letters: B batch, nh query heads, nkv key/value heads (nh a multiple of it: GQA), L cached
-slots, hd head size, g query heads per key/value head.
+Shape letters: B batch, nh query heads, nkv key/value heads, L cached slots, hd head size,
+g query heads per key/value head.
 """
 
 from __future__ import annotations
@@ -21,9 +16,8 @@ from torch import Tensor, nn
 def one_query_attention(q: Tensor, keys: Tensor, values: Tensor,
                         mask: Tensor | None) -> Tensor:
     """``F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)`` for
-    q (B, nh, 1, hd) over keys, values (B, nkv, L, hd) under ``mask`` (B or 1, 1, 1, L) bool,
-    True = may attend, with at least one True per row (or None): (B, nh, 1, hd), as multiplies
-    and sums in the inputs' type."""
+    q (B, nh, 1, hd) over keys, values (B, nkv, L, hd) under ``mask`` (B or 1, 1, 1, L) bool
+    (True = may attend, at least one per row; or None), in the inputs' type."""
     B, nh, _, hd = q.shape
     nkv = keys.shape[1]
     grouped = q.view(B, nkv, nh // nkv, 1, hd)  # (B, nkv, g, 1, hd)
@@ -38,10 +32,8 @@ def one_query_attention(q: Tensor, keys: Tensor, values: Tensor,
 
 
 def fuse_into_compiled_steps(attention: nn.Module) -> bool:
-    """Make ``attention`` (a ``MultiHeadAttention``) attend one query over its cache with
-    ``one_query_attention`` inside a compiled step, in place (an instance attribute: the class
-    and its other instances unchanged); every other call takes its own path. Returns whether it
-    was patched now (False: already)."""
+    """Route ``attention``'s (a ``MultiHeadAttention``) one-query cached step inside a compiled
+    step to ``one_query_attention``, patching the instance only; False if already patched."""
     cached = attention._cached_attention
     if getattr(cached, "fused_one_query", False):
         return False

@@ -1,18 +1,7 @@
-"""Keep freed large blocks in glibc's heap for reuse: fewer page faults in CPU training.
-
-A training step allocates and frees the same large tensors every step (activations, logit
-chunks, gradients). glibc's malloc hands out blocks above its mmap threshold (a few MiB up to
-32 MiB, adjusted as the program runs) as fresh ``mmap`` regions and unmaps them when freed, so
-each step writes to brand-new pages and pays a page fault per 4 KiB page for them: a visible
-share of a CPU step when the vocabulary is GPT-2's (large logit chunks), nothing with a
-character vocabulary (``bench/README.md`` has the numbers). Raising the mmap and trim thresholds
-keeps freed blocks in the heap, where later steps reuse them (after a few steps the heap holds
-the step's peak and no new pages are touched). The price: the process keeps its peak heap until
-it exits, which a training run reaches on every step anyway.
-
-``mallopt`` is glibc's own switch; there is no PyTorch setting for this (its CPU allocator is
-plain malloc), and the ``MALLOC_*_`` environment variables only work when set before Python
-starts.
+"""Keep freed large blocks in glibc's heap for reuse, so that a CPU training step, which frees
+and makes the same large tensors every step, stops page-faulting on fresh ``mmap`` regions. The
+process keeps its peak heap until it exits. ``mallopt`` is glibc's own switch (PyTorch's CPU
+allocator is plain malloc; the ``MALLOC_*_`` variables work only when set before Python starts).
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Cross-entropy over the LM head without materializing the (N, V) logits, for CPU training.
 
 ``linear_cross_entropy(h, W, targets)`` equals ``F.cross_entropy((h @ W.T).float(), targets)``
-(mean over non-ignored targets; with ``softcap``, of the logits ``cap * tanh(logits / cap)``),
-but walks the N rows in chunks: each chunk's logits live in one
-reused buffer, the softmax is taken in float32, and the gradients for ``h`` and ``W`` are computed
-right there (softmax - one-hot, scaled by 1 / n_valid), so backward only scales them. For GPT-2
-the logits are the largest activations of a step (N x 50304 floats, gradient and log-softmax
-copies again); not allocating them saves memory traffic and page faults, which matters most in
-bfloat16 where the matmuls themselves are cheap.
-
-``ChunkedNextTokenLoss`` uses it in place of the model's ``NextTokenLoss``
-(``minigpt.cpu.speed_up_training``). Under ``torch.autocast`` the matmuls run in the autocast
-dtype (as ``nn.Linear`` would) and the softmax in float32 (as the usual ``logits.float()``). Shape letters: N rows (B * T), C features,
-V vocabulary.
+(of the soft-capped logits with ``softcap``) but walks the rows in chunks through one reused
+buffer, computing the gradients of ``h`` and ``W`` there, so backward only scales them. Under
+autocast the matmuls run in its dtype, the softmax in float32. ``ChunkedNextTokenLoss`` puts it
+in the model's place (``minigpt.cpu.speed_up_training``). Shape letters: N rows (B * T),
+C features, V vocabulary.
 """
 
 from __future__ import annotations
@@ -29,12 +22,9 @@ _CHUNK_ELEMENTS = 2**25
 
 def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = -100,
                          chunk_rows: int | None = None, softcap: float | None = None) -> Tensor:
-    """Mean cross-entropy of logits ``h @ weight.T`` (soft-capped to ``softcap * tanh(z /
-    softcap)`` in float32 when given) against ``targets``.
-
-    ``h`` (N, C), ``weight`` (V, C), ``targets`` (N,) int; targets equal to ``ignore_index`` do not
-    count. Returns a float32 scalar (NaN if every target is ignored, as ``F.cross_entropy``).
-    """
+    """Mean cross-entropy (float32 scalar; NaN if every target is ignored) of the logits
+    ``h @ weight.T`` (soft-capped in float32 when ``softcap`` is given) for ``h`` (N, C),
+    ``weight`` (V, C) and ``targets`` (N,) int, ignoring ``ignore_index``."""
     if h.dim() != 2 or weight.dim() != 2 or h.shape[1] != weight.shape[1]:
         raise ValueError(f"need h (N, C) and weight (V, C), got {tuple(h.shape)} and "
                          f"{tuple(weight.shape)}")
@@ -47,15 +37,10 @@ def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, ignore_inde
     return loss
 
 
-def _compute_dtype(h: Tensor) -> torch.dtype:
-    if torch.is_autocast_enabled(h.device.type):
-        return torch.get_autocast_dtype(h.device.type)
-    return h.dtype
-
-
 def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chunk: int,
              softcap: float | None, need_grads: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    dtype = _compute_dtype(h)
+    device = h.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
     hc, wc = h.detach().to(dtype), weight.detach().to(dtype)
     N, V = h.shape[0], weight.shape[0]
     valid = targets != ignore_index  # (N,)
@@ -107,10 +92,8 @@ def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chun
 def _chunk_grads(g: Tensor, h_rows: Tensor, wc: Tensor, row_scale: Tensor, grad_h_rows: Tensor,
                  grad_w: Tensor | None) -> Tensor:
     """Write this chunk's input gradient into ``grad_h_rows`` (n, C) and add its weight gradient
-    to ``grad_w`` (None for the first chunk); return ``grad_w`` (V, C).
-
-    ``g`` (n, V) is softmax - one-hot. The row scale is applied to the (n, C) operands and
-    results, not to the (n, V) matrix: one pass over the logits fewer."""
+    to ``grad_w`` (None for the first chunk); return ``grad_w`` (V, C). ``g`` (n, V) is softmax -
+    one-hot; the row scale goes on the (n, C) operands: one pass over the logits fewer."""
     dtype = g.dtype
     torch.mm(g, wc, out=grad_h_rows)  # (n, C)
     grad_h_rows.mul_(row_scale[:, None].to(dtype))

@@ -1,11 +1,6 @@
-"""oneDNN's linear op, the kernel of the eager decoding layout, and what this CPU lets it do.
-
-``pack(weight, dtype)`` lays a weight out for oneDNN (``torch.ops.mkldnn._reorder_linear_weight``)
-and ``linear(x, packed, bias)`` computes ``x @ weight.T + bias`` from that copy
-(``torch.ops.mkldnn._linear_pointwise``). Both are private ops, so ``available()`` (float32) and
-``packs_bfloat16()`` try them once on a tiny product (on first use, never at import) before
-anything trusts them. oneDNN's bfloat16 path needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; on a
-CPU with neither the ops raise, and ``packs_bfloat16()`` is False.
+"""oneDNN's linear op on a packed weight copy (private ops: ``pack``, ``linear``), the eager
+decoding layout's kernel. ``available()`` (float32) and ``packs_bfloat16()`` try them once on a
+tiny product before anything trusts them; bfloat16 needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT.
 """
 
 from __future__ import annotations

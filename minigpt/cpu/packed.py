@@ -1,26 +1,12 @@
-"""Fast CPU decoding: linear layers whose weights are laid out for one row at a time.
+"""Linear layers for fast CPU decoding, whose speed is that of reading the weights: each keeps
+a copy of its weight in the layout one kernel reads fastest, chosen by rule
+(``minigpt.cpu.speed_up_decoding``), for inference only (the copy does not follow updates):
 
-Decoding one token at a time multiplies a vector by every weight matrix, so its speed is the
-speed of reading the weights from memory, and that depends on the layout a kernel reads. Each
-layout is chosen by rule (``minigpt.cpu.speed_up_decoding``), none by timing:
-
-* ``onednn``: oneDNN's linear op on its own blocked copy of the weight (``minigpt.cpu.onednn``),
-  float32 or bfloat16 (half the bytes; the row is rounded to bfloat16): the eager decoder's
-  layout, which read every GPT-2 shape faster than ``nn.Linear`` on the CPUs measured
-  (``bench/README.md``);
-* ``plain``: ``F.linear`` on a copy of the weight in its dtype (the row rounded to it): where
-  oneDNN cannot multiply bfloat16 (AVX2-only CPUs), bfloat16 weights step aside to it;
-* ``rowsum``: for a compiled decode step: the (out, in) weight, float32 or bfloat16, and a
-  one-row product written as a multiply and a sum over each weight row, which inductor compiles
-  into one streaming pass over the weight inside the step's own program (bfloat16 widened to
-  float32 in registers; oneDNN's layouts cannot be traced). A one-row product outside a compiled
-  step (the prompt's last position, eager steps) runs that loop compiled on its own, and several
-  rows (the prompt) a GEMM on widened blocks of the weight as ``prompt_product`` says.
-  Activations and sums stay float32 throughout: the float32 model on rounded weights.
-
-``PackedLinear.like(layer, ...)`` keeps ``layer``'s ``Parameter`` objects (the state dict and
-tied weights are unchanged) and multiplies with a copy made once: for inference only, since the
-copy does not follow later weight updates.
+* ``onednn``: oneDNN's blocked copy (``minigpt.cpu.onednn``), float32 or bfloat16: eager decoding;
+* ``plain``: ``F.linear`` on a copy in the weight dtype, where oneDNN has no bfloat16 (AVX2-only);
+* ``rowsum``: the (out, in) weight, whose one-row product, a multiply and a sum per weight row,
+  inductor compiles into one streaming pass inside a compiled decode step; several rows (a
+  prompt) multiply widened blocks of it as ``prompt_product`` says. Activations stay float32.
 """
 
 from __future__ import annotations
@@ -50,17 +36,9 @@ def prompt_product(weight_dtype: torch.dtype, threads: int | None = None) -> str
         else PROMPT_PRODUCTS[1]
 
 
-def pack_weight(weight: Tensor, kernel: str, dtype: torch.dtype = torch.float32) -> Tensor:
-    """``weight`` (out, in) in ``dtype`` and the layout ``kernel`` reads (see the module
-    docstring)."""
-    if kernel == "onednn":
-        return onednn.pack(weight, dtype)
-    return weight.detach().to(dtype).contiguous()
-
-
 def matmul_packed(x: Tensor, packed: Tensor, bias: Tensor | None, kernel: str,
                   product: str = PROMPT_PRODUCTS[0]) -> Tensor:
-    """``x @ W.T + bias`` for rows ``x`` (N, in) and ``packed = pack_weight(W, kernel)``.
+    """``x @ W.T + bias`` for rows ``x`` (N, in) and ``packed``, a ``PackedLinear``'s copy of W.
     ``onednn`` and ``plain`` cast ``x`` to ``packed``'s dtype and return that dtype; ``rowsum``
     widens the weight to ``x``'s dtype instead (``bias`` in ``x``'s dtype too), returns ``x``'s,
     and multiplies several rows with ``product`` (one of ``PROMPT_PRODUCTS``)."""
@@ -103,9 +81,8 @@ def _rowsum_one_row(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
 
 @functools.cache
 def _compiled_one_row():
-    """``_rowsum_one_row`` compiled on its own, for a one-row product outside a compiled step
-    (the prompt's last position, eager steps): eager GEMV kernels read the weight at about half
-    the speed on some CPUs (bench/README.md). One graph per weight shape."""
+    """``_rowsum_one_row`` compiled on its own (one graph per weight shape), for a one-row
+    product outside a compiled step: eager GEMV kernels read the weight slower on some CPUs."""
     from minigpt.static_decoding import cpu_step_options
 
     call = torch.compile(_rowsum_one_row, dynamic=False, fullgraph=True,
@@ -114,13 +91,12 @@ def _compiled_one_row():
 
 
 class PackedLinear(nn.Module):
-    """``nn.Linear`` for inference, multiplying with a copy of its weight laid out for
-    ``kernel`` (one of ``KERNELS``) in ``weight_dtype``; inputs are cast to ``weight_dtype``
-    (``rowsum``: the weight is widened to the input's dtype instead) and outputs back to the
-    input's dtype. ``product``: how ``rowsum`` multiplies several rows."""
+    """``layer`` (an ``nn.Linear``) for inference, its ``Parameter`` objects kept (the state dict
+    and tied weights unchanged), multiplying with a copy of its weight laid out for ``kernel``
+    (one of ``KERNELS``) in ``weight_dtype``; inputs are cast to ``weight_dtype`` (``rowsum``:
+    the weight is widened instead) and outputs back. ``product``: ``rowsum``'s for several rows."""
 
-    def __init__(self, in_features: int, out_features: int, weight: nn.Parameter,
-                 bias: nn.Parameter | None, weight_dtype: torch.dtype = torch.float32,
+    def __init__(self, layer: nn.Linear, weight_dtype: torch.dtype = torch.float32,
                  kernel: str = "onednn", product: str = PROMPT_PRODUCTS[0]):
         super().__init__()
         if kernel not in KERNELS:
@@ -131,20 +107,15 @@ class PackedLinear(nn.Module):
                              "use kernel='plain' or 'rowsum'")
         if product not in PROMPT_PRODUCTS:
             raise ValueError(f"product={product!r} must be one of {PROMPT_PRODUCTS}")
-        self.in_features, self.out_features = in_features, out_features
-        self.weight, self.bias = weight, bias  # the original Parameters: the state dict's keys
-        self.weight_dtype, self.kernel = weight_dtype, kernel
-        self.product = product  # rowsum's product of several rows (one of PROMPT_PRODUCTS)
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.weight, self.bias = layer.weight, layer.bias  # the state dict's keys
+        self.weight_dtype, self.kernel, self.product = weight_dtype, kernel, product
         with torch.no_grad():
-            self._packed = pack_weight(weight, kernel, weight_dtype)
+            weight = layer.weight.detach().to(weight_dtype)
+            self._packed = onednn.pack(weight, weight_dtype) if kernel == "onednn" \
+                else weight.contiguous()
             bias_dtype = torch.float32 if kernel == ROWSUM else weight_dtype
-            self._bias = None if bias is None else bias.detach().to(bias_dtype)
-
-    @classmethod
-    def like(cls, layer: nn.Linear, weight_dtype: torch.dtype = torch.float32,
-             kernel: str = "onednn", product: str = PROMPT_PRODUCTS[0]) -> PackedLinear:
-        return cls(layer.in_features, layer.out_features, layer.weight, layer.bias, weight_dtype,
-                   kernel, product)
+            self._bias = None if layer.bias is None else layer.bias.detach().to(bias_dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)  # (N, in)

@@ -45,21 +45,21 @@ def test_packed_linear_matches_linear(shape, kernel):
     linear = nn.Linear(48, 80)
     x = torch.randn(shape)
     with torch.inference_mode():
-        packed = PackedLinear.like(linear, kernel=kernel)
+        packed = PackedLinear(linear, kernel=kernel)
         assert packed.weight is linear.weight and packed.bias is linear.bias
         torch.testing.assert_close(packed(x), linear(x))
         if kernel == "onednn" and not onednn.packs_bfloat16():
             return  # refused: test_onednn_bfloat16_is_refused_where_the_cpu_lacks_it
-        bf16 = PackedLinear.like(linear, torch.bfloat16, kernel)(x)
+        bf16 = PackedLinear(linear, torch.bfloat16, kernel)(x)
         assert bf16.dtype == torch.float32  # bfloat16 weights, float32 activations
         torch.testing.assert_close(bf16, linear(x), rtol=2e-2, atol=2e-2)
 
 
 def test_onednn_bfloat16_is_refused_where_the_cpu_lacks_it(avx2_only):
     with pytest.raises(ValueError, match="this CPU has AVX2: use kernel='plain' or 'rowsum'"):
-        PackedLinear.like(nn.Linear(4, 4), torch.bfloat16, "onednn")
+        PackedLinear(nn.Linear(4, 4), torch.bfloat16, "onednn")
     with pytest.raises(ValueError, match="kernel='mkl' must be one of"):
-        PackedLinear.like(nn.Linear(4, 4), kernel="mkl")
+        PackedLinear(nn.Linear(4, 4), kernel="mkl")
 
 
 @pytest.mark.parametrize("product", PROMPT_PRODUCTS)
@@ -77,7 +77,7 @@ def test_rowsum_prompt_rows_by_either_product_widen_block_by_block(monkeypatch, 
     with torch.no_grad():
         rounded.weight.copy_(linear.weight.to(dtype).float())
         rounded.bias.copy_(linear.bias)
-        layer = PackedLinear.like(linear, dtype, ROWSUM)
+        layer = PackedLinear(linear, dtype, ROWSUM)
         layer.product = product
         torch.testing.assert_close(layer(x), rounded(x), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="product='x @ W'"):
@@ -102,7 +102,7 @@ def test_compiled_rowsum_streams_the_weight_in_float32(dtype):
     linear = nn.Linear(256, 96)
     x = torch.randn(1, 1, 256)
     expected = x.double() @ linear.weight.detach().to(dtype).double().T + linear.bias.double()
-    layer = PackedLinear.like(linear, dtype, ROWSUM)
+    layer = PackedLinear(linear, dtype, ROWSUM)
     torch._dynamo.reset()
     with torch.inference_mode():
         y, code = run_and_get_code(torch.compile(layer, fullgraph=True, dynamic=False), x)

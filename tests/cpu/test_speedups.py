@@ -95,7 +95,7 @@ UNFUSED = "norm=rmsnorm, qk_norm, position=rope, mlp=relu2"
 
 def modern_plain_and_fast(monkeypatch=None, works=True, **options):
     if monkeypatch is not None:
-        monkeypatch.setattr(minigpt.cpu, "compiler_works", lambda: works)
+        monkeypatch.setattr(minigpt.cpu.blocks, "compiler_works", lambda: works)
     torch.manual_seed(0)
     plain = GPT(GPTConfig(**dict(MODERN, **options)))
     with torch.no_grad():  # the zero-initialized head would give every parameter a zero grad
