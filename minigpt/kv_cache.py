@@ -113,6 +113,55 @@ class KVCache:
         other.layers = [LayerCache(other, i) for i in range(len(self.keys))]
         return other
 
+    def view_rows(self, count: int) -> KVCache:
+        """This fixed-shape cache's first ``count`` rows, sharing its buffers (a write through
+        either is seen by both): a step over fewer rows at the same addresses."""
+        if self.sliced:
+            raise ValueError("view_rows is for fixed-shape caches (sliced=False)")
+        other = copy.copy(self)
+        other.keys = [k[:count] for k in self.keys]
+        other.values = [v[:count] for v in self.values]
+        other.padding, other.visible = self.padding[:count], self.visible[:count]
+        other.next_position = self.next_position[:count]
+        other.layers = [LayerCache(other, i) for i in range(len(self.keys))]
+        return other
+
+    def load(self, other: KVCache) -> None:
+        """Copy the rows and tokens of ``other`` (a sliced, non-ring cache with at most this
+        one's rows and capacity) into this fixed-shape cache's first rows, in place: its
+        buffers keep their addresses (a captured graph's). The rows after them hold padding."""
+        n, B = other.length, len(other.padding)
+        if self.sliced or other.ring or n > self.capacity or B > len(self.padding):
+            raise ValueError(f"a fixed-shape cache of {len(self.padding)} rows x "
+                             f"{self.capacity} slots cannot load {B} rows of {n} tokens")
+        for mine, theirs in zip(self.keys + self.values, other.keys + other.values, strict=True):
+            mine[:B, :, :n].copy_(theirs[:, :, :n])
+        self.padding[:B, :n].copy_(other.padding[:, :n])
+        self.padding[:B, n:] = False
+        self.padding[B:] = True  # spare rows attend only to the tokens they are fed
+        self.next_position[:B].copy_(other.next_position)
+        self.next_position[B:] = 0
+        self.slot_pos.fill_(-1)
+        self.slot_pos[:n].copy_(other.slot_pos[:n])
+        self.seen.fill_(n)
+        self._length, self._padded = n, True
+
+    def sliced_rows(self, count: int) -> KVCache:
+        """A new sliced cache holding copies of this cache's first ``count`` rows and their
+        tokens (``load`` undone)."""
+        n = int(self.seen)  # steps through ``view_rows`` views advance it on the device only
+        other = KVCache(count, self.num_layers, self.keys[0].shape[1], self.capacity,
+                        self.keys[0].shape[3], window=self.window, device=self.seen.device,
+                        dtype=self.keys[0].dtype)
+        for mine, theirs in zip(other.keys + other.values, self.keys + self.values, strict=True):
+            mine[:, :, :n] = theirs[:count, :, :n]
+        other.padding[:, :n] = self.padding[:count, :n]
+        other.next_position.copy_(self.next_position[:count])
+        other.slot_pos[:n] = self.slot_pos[:n]
+        other.seen.fill_(n)
+        other._length, other._padded = n, bool(other.padding[:, :n].any())
+        return other
+
     def leading_padding(self) -> int:
         """Slots at the start of the stream that are padding in every row."""
         if self.length == 0 or len(self.padding) == 0:

@@ -29,10 +29,11 @@ class RunningBatch:
     """The KV cache of the running rows of ``model`` (``capacity`` tokens each) and, per row,
     its owner (any object; ``owners``)."""
 
-    def __init__(self, model, capacity: int):
-        self.model, self.capacity = model, capacity
+    def __init__(self, model, capacity: int, fixed_steps=None):
+        self.model, self.capacity, self.fixed_steps = model, capacity, fixed_steps
         self.owners: list = []
         self.cache = None
+        self._fixed_length: int | None = None  # tokens in ``fixed_steps``' copy (None: stale)
 
     def __len__(self) -> int:
         return len(self.owners)
@@ -55,6 +56,7 @@ class RunningBatch:
 
     def join(self, cache, owners: list) -> None:
         """Append the rows of a ``prefill`` cache, owned by ``owners``."""
+        self._take_back()
         if self.cache is None:
             self.cache = self.model.new_kv_cache(0, self.capacity)
         self.cache.append_rows(cache)
@@ -65,14 +67,30 @@ class RunningBatch:
         if len(rows) == len(self.owners):
             return
         if not rows:
-            self.cache, self.owners = None, []
+            self.cache, self.owners, self._fixed_length = None, [], None
             return
+        self._take_back()
         index = torch.tensor(rows, device=self.cache.seen.device)
         self.cache = self.cache.rows(index)
         self.owners = [self.owners[r] for r in rows]
 
     def step(self, tokens: Tensor) -> Tensor:
         """Each row reads its token (B, 1); the next token's logits (B, V)."""
-        if self.cache.length == self.capacity:
+        if self._fixed_length == self.capacity:
+            self._take_back()
+        if self._fixed_length is None and self.cache.length == self.capacity:
             self.cache.drop_leading_padding()
-        return self.model(tokens, kv_cache=self.cache, last_only=True)[:, -1]
+        fixed = self.fixed_steps
+        if fixed is None or len(self.owners) > fixed.max_rows:
+            return self.model(tokens, kv_cache=self.cache, last_only=True)[:, -1]
+        if self._fixed_length is None:
+            fixed.load(self.cache)
+            self._fixed_length = self.cache.length
+        self._fixed_length += 1
+        return fixed.step(tokens)
+
+    def _take_back(self) -> None:
+        """The rows' cache from ``fixed_steps``' copy, where the last steps ran."""
+        if self._fixed_length is not None:
+            self.cache = self.fixed_steps.sliced_rows(len(self.owners))
+            self._fixed_length = None

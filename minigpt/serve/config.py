@@ -29,6 +29,7 @@ class ServeSchema:
     device: str = "auto"
     dtype: str = "auto"
     cpu_speedups: Any = False  # auto: packed for one row (minigpt.cpu); slower for a batch
+    cuda_graphs: bool = True  # a GPU's decode steps replay CUDA graphs (minigpt.serve.graphs)
     max_batch: int = 16  # requests decoded together
     max_queue: int = 64  # requests waiting for a row; more get 429
     max_tokens: int = 4096  # the most new tokens one request may ask for
@@ -42,6 +43,7 @@ SERVE_RULES = {
     "port": Range(0, 65535), "max_batch": AT_LEAST_1, "max_queue": AT_LEAST_1,
     "max_tokens": AT_LEAST_1, "max_body_bytes": Range(1024), "shutdown_timeout": Range(0),
     "dtype": OneOf(DTYPES), "cpu_speedups": OneOf(("auto", False)),
+    "cuda_graphs": OneOf((True, False)),
     "log_level": OneOf(("critical", "error", "warning", "info", "debug")),
     "host": Satisfies(lambda h: isinstance(h, str) and bool(h.strip()),
                       "an address to bind, e.g. 127.0.0.1 or 0.0.0.0"),

@@ -21,6 +21,7 @@ import torch
 
 from minigpt.sampling import sample_next
 from minigpt.serve.batch import RunningBatch
+from minigpt.serve.graphs import FixedShapeSteps
 from minigpt.serve.sequence import Sequence, TokenLogprob, token_logprobs
 
 MAX_ADMISSIONS_IN_A_ROW = 8  # rounds that read new prompts before the running rows step
@@ -38,15 +39,21 @@ class Engine:
     """Decodes ``Sequence`` objects of ``model`` (placed, in eval mode) in one background
     thread: ``start``, ``submit``, ``stop``. ``capacity``: the tokens a row may hold (the
     context); ``prefill_tokens``: the most prompt tokens read in one forward pass (None: the
-    device's default)."""
+    device's default); ``fixed_steps``: decode steps on fixed shapes (``minigpt.serve.graphs``;
+    None: on a GPU, replayed from CUDA graphs; True on the CPU: run eagerly, for tests)."""
 
     def __init__(self, model, *, max_batch: int = 16, max_queue: int = 64,
-                 capacity: int | None = None, prefill_tokens: int | None = None):
+                 capacity: int | None = None, prefill_tokens: int | None = None,
+                 fixed_steps: bool | None = None):
         self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
         on_gpu = model.tok_emb.weight.device.type == "cuda"
         self.prefill_tokens = prefill_tokens or (GPU_PREFILL_TOKENS if on_gpu else
                                                  CPU_PREFILL_TOKENS)
-        self.batch = RunningBatch(model, capacity or model.kv_cache_capacity())
+        capacity = capacity or model.kv_cache_capacity()
+        steps = None
+        if on_gpu if fixed_steps is None else fixed_steps:
+            steps = FixedShapeSteps(model, max_batch, capacity, capture=on_gpu)
+        self.batch = RunningBatch(model, capacity, steps)
         self.waiting: deque[Sequence] = deque()
         self.steps = 0  # decode steps taken (for tests and logs)
         self.largest_batch = 0  # the most rows one step decoded

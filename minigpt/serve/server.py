@@ -6,9 +6,8 @@ placed as generate.py places its eager decoder. Uvicorn serves until SIGTERM or 
 accepting, lets the requests in flight finish for ``shutdown_timeout`` seconds, cancels the rest,
 and the process exits 0.
 
-On a GPU the engine decodes eagerly too: a captured step (``minigpt.static_decoding``) needs
-fixed shapes, which a batch that changes every step would get by padding its rows to a few
-bucket sizes; that is the path left open (``Engine`` takes any model-like step).
+On a GPU (``cuda_graphs=true``) the engine's decode steps replay CUDA graphs captured at
+start-up (``minigpt.serve.graphs``); prompts are read eagerly.
 """
 
 from __future__ import annotations
@@ -77,14 +76,22 @@ def load_service(settings: ServeSchema) -> Service:
                         f"{model.config.window}): the server's batch cache holds full "
                         "attention only; sample it with generate.py")
     applied = loaded.place(cpu_speedups=settings.cpu_speedups is not False)
-    engine = Engine(model, max_batch=settings.max_batch, max_queue=settings.max_queue)
+    engine = Engine(model, max_batch=settings.max_batch, max_queue=settings.max_queue,
+                    fixed_steps=None if settings.cuda_graphs else False)
     name = settings.model_name or Path(loaded.source).name
     service = Service(model, loaded.tokenizer, engine, name=name,
                       template=loaded.chat_template, max_tokens=settings.max_tokens)
     _info(f"{loaded.describe()}; cpu speedups: {', '.join(applied) or 'none'}; serving it as "
           f"{name!r} ({'chat template stored' if service.template else 'no chat template'}), "
-          f"up to {settings.max_batch} requests at once")
+          f"up to {settings.max_batch} requests at once{_steps_note(engine)}")
     return service
+
+
+def _steps_note(engine: Engine) -> str:
+    steps = engine.batch.fixed_steps
+    if steps is None or not steps.graphs:
+        return ""
+    return f", decode steps from CUDA graphs (batch sizes {', '.join(map(str, steps.sizes))})"
 
 
 def run(settings: ServeSchema) -> None:

@@ -1,21 +1,33 @@
 """The running batch over the KV cache: rows that join and leave between steps get the logits
 the model gives each row's sequence alone, without a cache (the oracle: a plain forward)."""
 
+import pytest
 import torch
 from chat_helpers import tiny_chat_model
 
 from minigpt.serve.batch import RunningBatch
+from minigpt.serve.graphs import FixedShapeSteps, bucket_sizes
 
 
 def alone(model, ids):
     """Next-token logits (V,) after ``ids``: the uncached model on that sequence only."""
-    return model(torch.tensor([ids]))[0, -1]
+    return model(torch.tensor([ids], device=model.tok_emb.weight.device))[0, -1]
 
 
+CUDA_GRAPHS = pytest.param("cuda-graphs", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA graphs need a GPU"))
+
+
+@pytest.mark.parametrize("fixed", [None, "eager", CUDA_GRAPHS])
 @torch.inference_mode()
-def test_rows_joining_and_leaving_match_each_sequence_alone():
+def test_rows_joining_and_leaving_match_each_sequence_alone(fixed):
+    """``fixed``: the steps run on ``FixedShapeSteps``' fixed-shape copy of the cache, replayed
+    from CUDA graphs or run eagerly, with 4 rows at most: a 5th row's steps run sliced."""
     model = tiny_chat_model(context_length=24, seed=3)
-    batch = RunningBatch(model, capacity=24)
+    if fixed == "cuda-graphs":
+        model.cuda()
+    batch = RunningBatch(model, capacity=24, fixed_steps=None if fixed is None else
+                         FixedShapeSteps(model, 4, 24, capture=fixed == "cuda-graphs"))
     g = torch.Generator().manual_seed(0)
     prompt = lambda n: torch.randint(0, 40, (n,), generator=g).tolist()  # noqa: E731
     seqs = []  # each row's tokens so far, in batch order
@@ -31,9 +43,13 @@ def test_rows_joining_and_leaving_match_each_sequence_alone():
         tokens = [int(torch.randint(0, 40, (1,), generator=g)) for _ in seqs]
         for s, t in zip(seqs, tokens, strict=True):
             s.append(t)
-        logits = batch.step(torch.tensor(tokens)[:, None])
+        logits = batch.step(torch.tensor(tokens, device=model.tok_emb.weight.device)[:, None])
+        if fixed:  # the fixed-shape copy took the step, unless the rows outnumber it
+            assert (batch._fixed_length is not None) == (len(seqs) <= 4)
+        tolerance = 1e-4 if fixed else 1e-5  # a masked sum over every slot rounds differently
         for row, s in enumerate(seqs):
-            torch.testing.assert_close(logits[row], alone(model, s), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(logits[row], alone(model, s), atol=tolerance,
+                                       rtol=tolerance)
 
     join([prompt(5)])
     step()
@@ -57,6 +73,18 @@ def test_rows_joining_and_leaving_match_each_sequence_alone():
     for _ in range(4):  # the stream reaches the capacity: the padding is dropped
         step()
     assert batch.cache.length < 24
+    join([prompt(2), prompt(3), prompt(4), prompt(5)])  # 5 rows: more than the fixed steps hold
+    for _ in range(2):
+        step()
+    batch.keep([0, 1, 2])
+    del seqs[3:]
+    step()
+
+
+def test_bucket_sizes():
+    assert bucket_sizes(1) == [1]
+    assert bucket_sizes(16) == [1, 2, 4, 8, 16]
+    assert bucket_sizes(12) == [1, 2, 4, 8, 12]
 
 
 @torch.inference_mode()
