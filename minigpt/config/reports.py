@@ -1,9 +1,7 @@
-"""The one-line report of a config key or value that does not fit its schema: an unknown or
-misspelled key (added with ``+`` or not) with the closest valid one, a value of the wrong type,
-a group option that does not exist, an override that does not parse; exit status 2.
-
-``config_errors()`` wraps an entry point's Hydra ``main()``; ``check_keys`` is the check Hydra
-skips for a key added with ``+``.
+"""The one-line report (exit status 2) of a config key or value that does not fit its schema:
+an unknown key (added with ``+`` or not) with the closest valid one, a value of the wrong type,
+a missing group option, an override that does not parse. ``config_errors()`` wraps an entry
+point's Hydra ``main()``.
 """
 
 from __future__ import annotations
@@ -17,8 +15,6 @@ import typing
 from typing import Any
 
 from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
-
-# ------------------------------------------------------------------------- one-line reports
 
 # Names other trainers use (nanoGPT's, Hugging Face's) -> ours, for "did you mean".
 ALIASES = {"learning_rate": "lr", "lr_min": "min_lr", "min_learning_rate": "min_lr",
@@ -94,23 +90,17 @@ def unknown_keys(cfg: Any, schema: type, prefix: str = "") -> list[str]:
 def added_unknown_keys(overrides: list[str], schema: type) -> list[str]:
     """The dotted keys that command-line ``+key=value`` / ``++key=value`` overrides would add
     under one of ``schema``'s config groups without being in it (checked before Hydra composes,
-    so nothing is written first); a key under a field typed ``Any`` may be anything."""
+    so nothing is written first); a key under a field typed ``Any`` may be anything, and keys
+    outside the schema's groups (``hydra.*``, a group's own defaults) are Hydra's."""
     fields, found = _fields(schema), []
     for override in overrides:
         key = override.lstrip("+").partition("=")[0]
-        if not override.startswith("+") or "." not in key or "@" in key:
-            continue
-        annotation = fields.get(key.partition(".")[0])
-        if _dataclass_of(annotation) is None:
-            continue  # not a group of this schema (hydra.*, a config group's own defaults)
-        for part in key.split(".")[1:]:
-            inner = _fields(_dataclass_of(annotation))
-            if part not in inner:
-                found.append(key)
-                break
-            annotation = inner[part]
-            if _dataclass_of(annotation) is None:
-                break  # a leaf, or a field typed Any: whatever lies under it is its own
+        if override.startswith("+") and "." in key and "@" not in key \
+                and _dataclass_of(fields.get(key.partition(".")[0])) is not None:
+            nested = None
+            for part in reversed(key.split(".")):
+                nested = {part: nested}
+            found += [key] if unknown_keys(nested, schema) else []
     return found
 
 

@@ -1,8 +1,6 @@
 """What a setting's value may be: one table of single-field rules per command (the types come
-from the schemas' annotations), and the few rules that span fields, written out here.
-
-``typed(cfg, Schema)`` is how an entry point turns a composed config into its schema's
-dataclass, once; ``train_problems`` lists every bad value of a training config, one phrase each.
+from the schemas' annotations) and the rules that span fields; ``typed(cfg, Schema)``, an entry
+point's one conversion of a composed config into its schema's dataclass.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The typed config: one dataclass per config group and per command, the defaults and a comment
-for each field, declared once here (the model's on ``minigpt.model.GPTConfig``).
-
-Each ``configs/<group>/*.yaml`` names its schema first in its ``defaults:`` (``- schema``; the
-GPT-2 presets ``- /model/schema@model``), Hydra's structured-config schema pattern, so OmegaConf
-checks every key and type while it composes; the YAML files state only what differs from these
-defaults. An entry point turns the composed config into these dataclasses once (``typed``) and
-hands the objects down; ``minigpt.config.rules`` checks their values.
+"""The typed config: one dataclass per config group and per command, each field's default and
+comment declared once here (the model's on ``minigpt.model.GPTConfig``). Each
+``configs/<group>/*.yaml`` names its schema first in ``defaults:`` (Hydra's structured-config
+pattern), so OmegaConf checks keys and types while composing; ``rules`` checks the values.
 """
 
 from __future__ import annotations
@@ -135,9 +131,7 @@ class TrainerSchema:
     enable_progress_bar: bool = True
     target_val_loss: float | None = None  # report steps, tokens, time to the first val <= this
     stop_at_target: bool = False  # and stop there (needs target_val_loss)
-    # Recompute in backward what each Block's forward did not keep, on any strategy: none;
-    # blocks (keep each block's input only: least memory); selective (keep the matmul and
-    # attention outputs too, recompute norms and activations: between in memory and time).
+    # none | blocks | selective: what backward recomputes (minigpt.train.activation_checkpointing)
     activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
     fsdp: FSDPSchema = field(default_factory=FSDPSchema)
 
@@ -247,18 +241,13 @@ class GenerateSchema:
 class EvalCommandSchema:
     """``configs/eval.yaml`` (``python -m minigpt.eval``)."""
 
-    task: str = "hellaswag"  # hellaswag | harness (the `harness` first argument sets it) | the
-    # dotted path of a minigpt.eval.task.Task subclass
-    ckpt_path: str | None = path_field(INPUT_FILE_OR_DIR)  # a .ckpt file; null: the newest
-    # last.ckpt under checkpoints_root
+    task: str = "hellaswag"  # hellaswag | chat | harness (first argument) | a Task's dotted path
+    ckpt_path: str | None = path_field(INPUT_FILE_OR_DIR)  # null: the newest under checkpoints_root
     checkpoints_root: str = path_field(INPUT_DIR, "outputs", when=no_model_given,
                                        missing=NO_MODEL)
-    pretrained: str | None = path_field(INPUT_DIR, hub_name=True)  # a Hugging Face GPT-2
-    # directory instead of a checkpoint
-    # the task's items (HellaSwag's jsonl; chat: conversations); null: the task's default set
-    # (HellaSwag: the validation set)
-    path: str | None = path_field(INPUT_FILE)
-    # where the validation set is downloaded once (without path)
+    pretrained: str | None = path_field(INPUT_DIR, hub_name=True)  # a Hugging Face GPT-2 dir
+    path: str | None = path_field(INPUT_FILE)  # the task's items; null: its default set
+    # where the default set is downloaded once (without path)
     cache_dir: str = path_field(OUTPUT_DIR, "data/eval", when=lambda e, _: e.path is None)
     limit: int | None = None  # the first N items (harness: per task); null: all
     batch_size: int = 16  # HellaSwag: items per forward pass (4 rows each); harness: rows
@@ -282,21 +271,17 @@ class VizSchema:
     command: str = "attention"  # attention | runs (the first argument sets it)
     out: str | None = path_field(OUTPUT_FILE)  # the PNG to write; null: <command>.png
     # attention: heatmaps of a model's attention weights over a prompt
-    ckpt_path: str | None = path_field(INPUT_FILE_OR_DIR)  # a .ckpt file; null: the newest
-    # last.ckpt under checkpoints_root
+    ckpt_path: str | None = path_field(INPUT_FILE_OR_DIR)  # null: the newest under checkpoints_root
     checkpoints_root: str = path_field(INPUT_DIR, "outputs", when=lambda v, root: v.command ==
                                        "attention" and no_model_given(v, root), missing=NO_MODEL)
-    pretrained: str | None = path_field(INPUT_DIR, hub_name=True)  # a Hugging Face GPT-2
-    # directory instead of a checkpoint
-    # the text looked at; null: the opening line of Coriolanus
-    prompt: str | None = path_field(NOT_A_PATH)
+    pretrained: str | None = path_field(INPUT_DIR, hub_name=True)  # a Hugging Face GPT-2 dir
+    prompt: str | None = path_field(NOT_A_PATH)  # null: the opening line of Coriolanus
     prompt_file: str | None = path_field(INPUT_FILE)  # read the prompt from this file instead
     layer: Any = 0  # a layer index (one heatmap per head), or all (one per layer, mean of heads)
     cpu_speedups: Any = "auto"  # auto | false: oneDNN-packed linear weights on the CPU
     device: str = "auto"  # auto: cuda if available, else cpu
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (minigpt/devices.py's rule)
-    # runs: loss, learning rate and tokens/s of training runs
-    # run directories (with a CSV or wandb log)
+    # runs: loss, learning rate and tokens/s of training runs' directories (csv/metrics.csv)
     runs: list[str] = path_field(INPUT_DIR, default_factory=list,
                                  when=lambda v, _: v.command == "runs")
     labels: list[str] | None = None  # legend names, one per run; null: the paths
@@ -306,22 +291,18 @@ class VizSchema:
 # (group, schema): each group's YAML files start with `defaults: [schema]`.
 GROUP_SCHEMAS = (("model", ModelSchema), ("data", DataSchema), ("optim", OptimSchema),
                  ("trainer", TrainerSchema), ("logger", LoggerSchema))
-# (name, schema) of the primary configs, named first in train/prepare/generate/eval.yaml.
-PRIMARY_SCHEMAS = (("train_schema", TrainSchema), ("prepare_schema", PrepareSchema),
-                   ("generate_schema", GenerateSchema), ("eval_schema", EvalCommandSchema),
-                   ("viz_schema", VizSchema))
 
 
 def register_schemas() -> None:
     """Store every schema in Hydra's ``ConfigStore`` (idempotent): ``<group>/schema`` and the
-    primary configs' ``train_schema``, ``prepare_schema``, ``generate_schema``, ``eval_schema``,
-    ``viz_schema``.
-    Entry points call it before composing, as must anything that composes ``configs/`` itself
-    (Hydra's compose API in tests or notebooks)."""
+    ``<command>_schema`` that train/prepare/generate/eval/viz.yaml name first. Anything that
+    composes ``configs/`` (entry points; Hydra's compose API in tests) calls it first."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
     for group, schema in GROUP_SCHEMAS:
         store.store(group=group, name="schema", node=schema)
-    for name, schema in PRIMARY_SCHEMAS:
-        store.store(name=name, node=schema)
+    for name, schema in (("train", TrainSchema), ("prepare", PrepareSchema),
+                         ("generate", GenerateSchema), ("eval", EvalCommandSchema),
+                         ("viz", VizSchema)):
+        store.store(name=f"{name}_schema", node=schema)
