@@ -20,7 +20,7 @@ from minigpt.chat.template import (
     check_conversation,
     check_message,
 )
-from minigpt.data.conversations import conversation_of
+from minigpt.data.chat import conversation_of
 from minigpt.errors import UserError
 from minigpt.files import atomic_write, read_jsonl
 

@@ -1,54 +1,144 @@
-"""``data.source=chat``: conversations (``.jsonl`` files or a Hugging Face dataset) to fine-tune on.
+"""``data.source=chat``: conversations (``.jsonl`` files or a Hugging Face dataset, in the
+messages or the instruction form of docs/chat.md) rendered with the chat template and packed into
+rows in memory when the run starts (``Conversations``); nothing is prepared on disk.
 
-Conversations are few and short next to a pretraining corpus, so they are read, rendered with
-the chat template and packed in memory when the run starts (``Conversations``); nothing is
-prepared on disk. ``DataConfig``'s ``paths``, ``hub_name``, ``hub_config``, ``split``,
-``revision``, ``val_fraction``, ``max_documents``, ``batch_size`` and ``val_batch_size`` apply;
-the settings of its own sit in ``data.source_args`` (``ChatSettings``; ``configs/data/chat.yaml``
-lists them).
-
-The tokenizer and template come from where the weights do: a minigpt checkpoint in
-``model.init_from`` brings its tokenizer (and its template, if it was fine-tuned before); a
-Hugging Face GPT-2 directory GPT-2's BPE; a fresh model ``data.tokenizer`` (``char``: the
-characters of the conversations). The template's special tokens must fit the model's rows
-(``min_vocab``): a fresh model is sized for them, a pretrained one too small is grown.
-
-``ChatDataModule`` hands the loop what ``TokenDataModule`` does: ``train_batches()`` (rows drawn
-uniformly, batch ``b`` on rank ``r`` a pure function of ``(seed, r, b)``, so a resumed run draws
-the batches an uninterrupted one would), ``val_dataloader()`` (every validation row once, dealt
-out to the ranks), and its position in checkpoints. Batches are ``(x, y)`` or
-``(x, y, document_ids)``, (B, T) int64, with ``y`` = ``IGNORE_INDEX`` where nothing trains
-(``minigpt.data.conversations``).
+Letters: N rows, T = context_length. A row holds T + 1 tokens: whole conversations, each from its
+BOS, one after another (``packed``) or one a row (``padded``), padded with the BOS id.
+``x = row[:-1]``; ``y = row[1:]`` where the rendered mask trains and ``IGNORE_INDEX`` elsewhere.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from minigpt import files
 from minigpt.chat.template import ChatFormatError, ChatTemplate, read_chat_template
 from minigpt.checkpoint import METADATA_KEY, read_checkpoint
 from minigpt.data.bos import draw_rows
 from minigpt.data.config import DataConfig, DataError
-from minigpt.data.conversations import (
-    ROW_MODES,
-    TOO_LONG,
-    TRAIN_ON,
-    ChatDataError,
-    PackReport,
-    pack_rows,
-    read_hub,
-    read_jsonl,
-    train_on_all,
-)
 from minigpt.data.epochs import ResumableBatches
+from minigpt.data.sources import load_hub
 from minigpt.documents import document_ids_of
+from minigpt.model import IGNORE_INDEX
 from minigpt.paths import INPUT_GLOBS, expand_paths, path_field
 from minigpt.tokenizer import CharTokenizer, Tokenizer, get_tokenizer, tokenizer_from_dict
+
+ROW_MODES = ("packed", "padded")
+TOO_LONG = ("drop", "truncate")
+TRAIN_ON = ("assistant", "all")
+
+
+@dataclass
+class PackReport:
+    """What packing did, for one line of the run's output."""
+
+    conversations: int = 0  # kept
+    rows: int = 0
+    too_long: int = 0  # longer than a row: dropped or truncated (see ``too_long_action``)
+    too_long_action: str = "drop"
+    untrained: int = 0  # dropped: no trained token (no assistant turn, or truncated before it)
+    tokens: int = 0  # tokens of kept conversations in rows
+    trained: int = 0  # targets that train
+
+    def describe(self, split: str, row_tokens: int) -> str:
+        used = self.tokens / max(1, self.rows * row_tokens)
+        line = (f"chat {split}: {self.conversations:,} conversations in {self.rows:,} rows of "
+                f"{row_tokens} tokens ({used:.0%} filled), {self.trained:,} trained targets")
+        if self.too_long:
+            done = "dropped" if self.too_long_action == "drop" else "truncated"
+            line += f"; {self.too_long:,} longer than a row {done} (data.source_args.too_long)"
+        if self.untrained:
+            line += f"; {self.untrained:,} without a trained token dropped"
+        return line
+
+
+def train_on_all(mask: list[bool]) -> list[bool]:
+    """``train_on=all``: every token of the conversation but its BOS is a target."""
+    return [False] + [True] * (len(mask) - 1)
+
+
+def pack_rows(conversations: Iterable[tuple[list[int], list[bool]]], context_length: int,
+              pad_id: int, rows: str = "packed", too_long: str = "drop"
+              ) -> tuple[np.ndarray, np.ndarray, PackReport]:
+    """``(x, y, report)``: int64 (N, T) inputs and targets (the module docstring), in the
+    conversations' order; one longer than T + 1 tokens is dropped or truncated (``too_long``), one
+    with no trained token left is dropped."""
+    if rows not in ROW_MODES or too_long not in TOO_LONG:
+        raise ValueError(f"rows={rows!r} must be one of {ROW_MODES}, too_long={too_long!r} one "
+                         f"of {TOO_LONG}")
+    row_len = context_length + 1
+    report = PackReport(too_long_action=too_long)
+    packed: list[tuple[list[int], list[bool]]] = []
+    for ids, mask in conversations:
+        if len(ids) > row_len:
+            report.too_long += 1
+            if too_long == "drop":
+                continue
+            ids, mask = ids[:row_len], mask[:row_len]
+        if not any(mask[1:]):
+            report.untrained += 1
+            continue
+        report.conversations += 1
+        report.tokens += len(ids)
+        if rows == "packed" and packed and len(packed[-1][0]) + len(ids) <= row_len:
+            packed[-1][0].extend(ids)
+            packed[-1][1].extend(mask)
+        else:
+            packed.append((list(ids), list(mask)))
+    report.rows = len(packed)
+    tokens = np.full((len(packed), row_len), pad_id, dtype=np.int64)  # (N, T+1)
+    trained = np.zeros((len(packed), row_len), dtype=bool)  # (N, T+1)
+    for r, (ids, mask) in enumerate(packed):
+        tokens[r, :len(ids)], trained[r, :len(mask)] = ids, mask
+    x = tokens[:, :-1]  # (N, T)
+    y = np.where(trained[:, 1:], tokens[:, 1:], IGNORE_INDEX)  # (N, T)
+    report.trained = int(trained[:, 1:].sum())
+    return np.ascontiguousarray(x), np.ascontiguousarray(y), report
+
+
+class ChatDataError(DataError):
+    """A conversation record that cannot be read: one line naming the file, line and field."""
+
+
+def conversation_of(record) -> list[dict]:
+    """The messages of a record in the messages or the instruction form; ``ValueError`` naming
+    the field otherwise."""
+    if not isinstance(record, dict):  # a hub dataset's row; read_jsonl checks its lines
+        raise ValueError(f"a record is a JSON object, not {type(record).__name__}")
+    if "messages" in record:
+        return record["messages"]
+    if "instruction" in record or "output" in record:
+        for key in ("instruction", "output"):
+            if not isinstance(record.get(key), str):
+                raise ValueError(f"field {key!r} is missing or not a string "
+                                 "(instruction records need 'instruction' and 'output')")
+        extra = record.get("input") or ""
+        if not isinstance(extra, str):
+            raise ValueError(f"field 'input' is {type(extra).__name__}, not a string")
+        user = record["instruction"] + (f"\n\n{extra}" if extra else "")
+        return [{"role": "user", "content": user},
+                {"role": "assistant", "content": record["output"]}]
+    raise ValueError(f"no field 'messages' or 'instruction' (fields: {', '.join(record) or 'none'})")
+
+
+def read_jsonl(path: str) -> list[tuple[str, list[dict]]]:
+    """``(path:line, messages)`` of each non-blank line of a ``.jsonl`` file."""
+    return files.read_jsonl(path, checked, ChatDataError)
+
+
+def checked(record, where: str) -> tuple[str, list[dict]]:
+    """``(where, conversation_of(record))``, its error prefixed by ``where``."""
+    try:
+        return where, conversation_of(record)
+    except ValueError as e:
+        raise ChatDataError(f"{where}: {e}") from None
+
 
 VAL_SEED = 0  # which conversations are held out does not change with the run's seed
 Rows = tuple[np.ndarray, np.ndarray]  # x, y: (N, T) int64
@@ -108,9 +198,15 @@ class Conversations:
         T, splits, reports = context_length, {}, {}
         for split, records in (("train", self.train_records), ("val", self.val_records)):
             rendered = render_all(self.template, records, self.settings.train_on)
-            splits[split], reports[split] = pack_split(rendered, self.config, self.settings, T,
-                                                       self.template.bos_id, split)
-            self.log(reports[split].describe(split, T + 1))
+            x, y, report = pack_rows(rendered, T, self.template.bos_id, self.settings.rows,
+                                     self.settings.too_long)
+            if not len(x):
+                raise DataError(f"no {split} conversation of data={self.config.name} fits a row "
+                                f"of context_length + 1 = {T + 1} tokens with a trained token "
+                                f"({report.describe(split, T + 1)}); use shorter conversations "
+                                "or data.source_args.too_long=truncate")
+            self.log(report.describe(split, T + 1))
+            splits[split], reports[split] = (x, y), report
         data = ChatDataModule(dataclasses.replace(self.config, batch_size=batch_size),
                               self.template, splits["train"], splits["val"], seed=seed,
                               rank=rank, world_size=world_size)
@@ -125,8 +221,8 @@ def read_conversations(config: DataConfig, settings: ChatSettings):
     if config.paths:
         records = [r for path in expand_paths(config.paths, "data.paths") for r in read_jsonl(path)]
     else:
-        records = list(read_hub(config.hub_name, config.hub_config, config.split,
-                                config.revision, config.cache_dir))
+        rows = load_hub(config, "use local .jsonl files in data.paths")
+        records = [checked(r, f"dataset {config.hub_name!r} row {i}") for i, r in enumerate(rows)]
     records = records[:config.max_documents]
     if settings.val_paths:
         val_files = expand_paths(settings.val_paths, "data.source_args.val_paths")
@@ -170,21 +266,9 @@ def render_all(template: ChatTemplate, records, train_on: str) -> list[tuple[lis
     return rendered
 
 
-def pack_split(conversations, config: DataConfig, settings: ChatSettings, context_length: int,
-               pad_id: int, split: str) -> tuple[Rows, PackReport]:
-    """One split's rows and what packing did; ``DataError`` when no row is left."""
-    x, y, report = pack_rows(conversations, context_length, pad_id, settings.rows,
-                             settings.too_long)
-    if not len(x):
-        raise DataError(f"no {split} conversation of data={config.name} fits a row of "
-                        f"context_length + 1 = {context_length + 1} tokens with a trained token "
-                        f"({report.describe(split, context_length + 1)}); use shorter "
-                        "conversations or data.source_args.too_long=truncate")
-    return (x, y), report
-
-
 class ChatDataModule(ResumableBatches):
-    """Packed conversation rows as batches (see the module docstring); ``template``: the chat
+    """Packed conversation rows as batches: training rows drawn uniformly (batch ``b`` on rank
+    ``r`` a pure function of ``(seed, r, b)``), every validation row once; ``template``: the chat
     template the checkpoints store."""
 
     def __init__(self, config: DataConfig, template, train: Rows, val: Rows, seed: int = 1337,
@@ -197,9 +281,6 @@ class ChatDataModule(ResumableBatches):
         self.pin_memory = False
         self.document_bos: int | None = None  # set: batches carry document_ids
         self.train_tokens = 0  # tokens of the conversations in the training rows
-
-    def setup(self, stage: str | None = None) -> None:
-        """Nothing to do: the rows are in memory."""
 
     def _batch(self, rows: Rows, index: np.ndarray) -> tuple[torch.Tensor, ...]:
         x = torch.from_numpy(rows[0][index])  # (B, T)

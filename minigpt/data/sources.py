@@ -219,23 +219,28 @@ class HubSource(DocumentSource):
         return {"data_files": local} if local else {}
 
     def load(self, cfg):
-        import datasets
-
-        try:
-            return datasets.load_dataset(cfg.hub_name, cfg.hub_config, data_files=cfg.data_files,
-                                         split=cfg.split, streaming=cfg.streaming,
-                                         revision=cfg.revision, cache_dir=cfg.cache_dir)
-        except Exception as e:
-            raise DataError(f"cannot load dataset {cfg.hub_name!r} (config {cfg.hub_config!r}, "
-                            f"split {cfg.split!r}): {first_line(e, root_cause=True)}; hub "
-                            "datasets need network access, or HF_DATASETS_OFFLINE=1 with a filled "
-                            "cache") from None
+        return load_hub(cfg, "HF_DATASETS_OFFLINE=1 with a filled cache")
 
     def text_column(self, cfg, ds):
         return _checked_column(ds, cfg.text_field, cfg.hub_name)
 
     def where(self, cfg):
         return f"dataset {cfg.hub_name!r}"
+
+
+def load_hub(cfg: DataConfig, offline: str):
+    """``cfg.hub_name``'s dataset; a failure in one line ending with ``offline``, the way
+    without network access."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(cfg.hub_name, cfg.hub_config, data_files=cfg.data_files,
+                                     split=cfg.split, streaming=cfg.streaming,
+                                     revision=cfg.revision, cache_dir=cfg.cache_dir)
+    except Exception as e:  # network, missing dataset or split: one line either way
+        raise DataError(f"cannot load dataset {cfg.hub_name!r} (config {cfg.hub_config!r}, "
+                        f"split {cfg.split!r}): {first_line(e, root_cause=True)}; hub datasets "
+                        f"need network access, or {offline}") from None
 
 
 USER_SOURCE = extension_point(

@@ -8,9 +8,14 @@ import pytest
 import torch
 
 from minigpt.chat.template import ChatTemplate
-from minigpt.data.chat import ChatSettings, read_conversations, render_all
+from minigpt.data.chat import (
+    ChatDataError,
+    ChatSettings,
+    read_conversations,
+    read_jsonl,
+    render_all,
+)
 from minigpt.data.config import DataConfig, DataError
-from minigpt.data.conversations import ChatDataError, read_jsonl
 from minigpt.model import GPT, GPTConfig
 from minigpt.tokenizer import CharTokenizer
 from minigpt.train.model_init import grow_vocab

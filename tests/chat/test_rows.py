@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from minigpt.chat.template import ChatTemplate
-from minigpt.data.conversations import IGNORE_INDEX, pack_rows, train_on_all
+from minigpt.data.chat import IGNORE_INDEX, pack_rows, train_on_all
 from minigpt.documents import document_ids_of
 from minigpt.model import GPT, GPTConfig
 from minigpt.tokenizer import CharTokenizer
