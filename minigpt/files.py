@@ -1,5 +1,6 @@
 """Files: writing them so that a crash, a kill or a full disk never leaves half a file under the
-final name, and reading text a user hands us so that bad content is named by file and line."""
+final name, reading text a user hands us so that bad content is named by file and line, and
+tensors without running code from the file."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from minigpt.errors import UserError
+from minigpt.errors import UserError, first_line
 
 # Below this many free bytes after a failed write, the disk being full is the reason: torch and
 # safetensors report a full disk as their own errors, without errno.
@@ -26,10 +27,9 @@ class DiskFullError(UserError, OSError):
 
 
 def atomic_write(target: str | os.PathLike, write: Callable[[Path], object]) -> None:
-    """Call ``write(tmp)`` on a new temporary file beside ``target`` (created with the user's
-    umask, like any file they write), flush it to disk, then rename it over ``target`` (atomic
-    within one filesystem). On any failure, Ctrl-C included, the temporary file is removed and
-    ``target`` is left as it was; a full disk raises ``DiskFullError``."""
+    """Call ``write(tmp)`` on a new temporary file beside ``target``, flush it to disk, then
+    rename it over ``target``. On any failure, Ctrl-C included, the temporary file is removed
+    and ``target`` is left as it was; a full disk raises ``DiskFullError``."""
     target = Path(target)
     tmp = new_file_beside(target)
     try:
@@ -101,10 +101,9 @@ SNIFF_BYTES = 8192
 
 
 def text_lines(path: str | os.PathLike, encoding: str = "utf-8") -> Iterator[tuple[int, str]]:
-    """The lines of a text file (line endings kept) with their numbers from 1, decoded one by
-    one, so that a NUL byte (binary content) or bytes that are not ``encoding`` raise
-    ``TextFileError`` naming the file and the line. UTF-16 and UTF-32, whose newline is not the
-    byte 0x0A, are decoded whole and named by file and byte offset."""
+    """The lines of a text file (endings kept) numbered from 1, decoded one by one: a NUL byte
+    or bytes that are not ``encoding`` raise ``TextFileError`` naming the file and line (for
+    UTF-16 and UTF-32, decoded whole, the byte offset)."""
     if codecs.lookup(encoding).name.startswith(("utf-16", "utf-32")):
         data = Path(path).read_bytes()
         try:
@@ -234,3 +233,31 @@ def _deepest(line: bytes, depth: int) -> int:
         depth += 1 if bracket in (b"[", b"{") else -1
         deepest = max(deepest, depth)
     return deepest
+
+
+class CheckpointError(UserError, ValueError):
+    """A checkpoint that cannot be read: missing, not minigpt's, or from another format version."""
+
+
+def load_tensors(path, map_location="cpu", *, mmap: bool = False):
+    """``torch.load(path, weights_only=True)``: tensors and plain values, never code; a file
+    holding Python objects, or damaged, truncated or foreign, is one ``CheckpointError`` line."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        # not torch's message: it suggests weights_only=False, unsafe for a file from elsewhere
+        if "unsupported global" in str(e).lower():
+            raise CheckpointError(
+                f"{path} holds Python objects besides tensors and plain values (pickled code "
+                "could run when loading it); minigpt refused to load it: use a file written by "
+                "minigpt (train.py, save_pretrained) or a model.safetensors") from None
+        raise CheckpointError(f"{path} is not a readable checkpoint (not a file torch.save "
+                              "wrote); a damaged or foreign file reads like this") from None
+    except Exception as e:  # zip and I/O errors of a truncated or foreign file come in many types
+        raise CheckpointError(f"{path} is not a readable checkpoint ({first_line(e)}); a "
+                              "truncated or half-copied file reads like this: copy it again") \
+            from None

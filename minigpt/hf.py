@@ -1,22 +1,9 @@
-"""Hugging Face GPT-2 checkpoints in and out, as plain config dicts and state dicts.
-
-``read_gpt2`` / ``write_gpt2`` convert between a Hugging Face GPT-2 directory and
-``minigpt.model.GPT``'s config fields and state dict; ``GPT.from_pretrained`` and
-``GPT.save_pretrained`` are the entry points that build or read the model. This module imports
-nothing from ``minigpt.model`` (the model imports it), so the two never form an import circle.
-``GPT2_FIELDS`` classifies every ``GPTConfig`` field once: fixed to GPT-2's value, free (written
-to a ``GPT2Config`` key), or training-only; export refuses a field it does not name.
-
-A checkpoint is a directory with ``config.json`` (a ``GPT2Config``) and ``model.safetensors``
-(preferred) or ``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``: tensors only,
-never code). Sharded checkpoints (``*.index.json``) load too.
-
-Hugging Face GPT-2 stores its projections as ``Conv1D``, whose weight is (in, out): the transpose
-of ``nn.Linear``'s (out, in). ``c_attn`` holds [queries | keys | values] along its output axis,
-the same order as our fused ``qkv`` rows, so a transpose is the whole conversion. Keys come with
-the ``transformer.`` prefix (``GPT2LMHeadModel``) or without it (``GPT2Model``, the original
-OpenAI upload); the causal-mask buffers ``attn.bias`` / ``attn.masked_bias`` of older checkpoints
-are dropped, and ``lm_head.weight`` is the token embedding (tied).
+"""Hugging Face GPT-2 checkpoints in and out: ``read_gpt2`` / ``write_gpt2`` convert between a
+directory (``config.json`` and ``model.safetensors`` or ``pytorch_model.bin``, sharded or not)
+and ``GPT``'s config fields and state dict; ``GPT.from_pretrained`` / ``save_pretrained`` call
+them (this module never imports ``minigpt.model``). ``GPT2_FIELDS`` classifies every
+``GPTConfig`` field for export. GPT-2's ``Conv1D`` weights are (in, out), the transpose of
+``nn.Linear``'s; ``c_attn`` holds [queries | keys | values], the order of our ``qkv`` rows.
 """
 
 from __future__ import annotations
@@ -33,7 +20,7 @@ import torch
 from torch import Tensor
 
 from minigpt.errors import UserError, first_line
-from minigpt.files import atomic_write
+from minigpt.files import atomic_write, load_tensors
 
 HUB_GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
 _HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name
@@ -94,20 +81,21 @@ GPT2_FIELDS = {
     "document_mask": TrainingOnly(False),  # packed training rows; decoding is unchanged
 }
 
-# HF suffix (after "h.{i}.") -> ours (after "blocks.{i}."), and whether it is a Conv1D weight.
+# HF suffix (after "h.{i}.") -> ours (after "blocks.{i}."), whether it is a Conv1D weight, and
+# our shape in multiples of n_embd.
 _BLOCK_KEYS = {
-    "ln_1.weight": ("norm1.weight", False),
-    "ln_1.bias": ("norm1.bias", False),
-    "attn.c_attn.weight": ("attn.qkv.weight", True),
-    "attn.c_attn.bias": ("attn.qkv.bias", False),
-    "attn.c_proj.weight": ("attn.out_proj.weight", True),
-    "attn.c_proj.bias": ("attn.out_proj.bias", False),
-    "ln_2.weight": ("norm2.weight", False),
-    "ln_2.bias": ("norm2.bias", False),
-    "mlp.c_fc.weight": ("mlp.fc.weight", True),
-    "mlp.c_fc.bias": ("mlp.fc.bias", False),
-    "mlp.c_proj.weight": ("mlp.proj.weight", True),
-    "mlp.c_proj.bias": ("mlp.proj.bias", False),
+    "ln_1.weight": ("norm1.weight", False, (1,)),
+    "ln_1.bias": ("norm1.bias", False, (1,)),
+    "attn.c_attn.weight": ("attn.qkv.weight", True, (3, 1)),
+    "attn.c_attn.bias": ("attn.qkv.bias", False, (3,)),
+    "attn.c_proj.weight": ("attn.out_proj.weight", True, (1, 1)),
+    "attn.c_proj.bias": ("attn.out_proj.bias", False, (1,)),
+    "ln_2.weight": ("norm2.weight", False, (1,)),
+    "ln_2.bias": ("norm2.bias", False, (1,)),
+    "mlp.c_fc.weight": ("mlp.fc.weight", True, (4, 1)),
+    "mlp.c_fc.bias": ("mlp.fc.bias", False, (4,)),
+    "mlp.c_proj.weight": ("mlp.proj.weight", True, (1, 4)),
+    "mlp.c_proj.bias": ("mlp.proj.bias", False, (1,)),
 }
 _TOP_KEYS = {
     "wte.weight": "tok_emb.weight",
@@ -115,7 +103,6 @@ _TOP_KEYS = {
     "ln_f.weight": "final_norm.weight",
     "ln_f.bias": "final_norm.bias",
 }
-
 
 
 class PretrainedError(UserError, ValueError):
@@ -133,12 +120,9 @@ class HubError(UserError, OSError):
 def read_gpt2(name_or_path: str | os.PathLike,
               **config_overrides) -> tuple[dict, dict[str, Tensor]]:
     """``(GPTConfig fields, float32 state dict in GPT's layout)`` of a Hugging Face GPT-2
-    directory or hub name (``gpt2``, ``org/name``).
-
-    ``config_overrides`` may set ``dropout`` (default 0.0: pretrained GPT-2 used 0.1, pass it to
-    fine-tune that way), ``context_length`` (at most the checkpoint's; position embeddings are
-    cropped) and ``init_std``; other fields must match the checkpoint.
-    """
+    directory or hub name (``gpt2``, ``org/name``). ``config_overrides`` may set ``dropout``
+    (default 0.0; GPT-2 trained with 0.1), ``context_length`` (at most the checkpoint's; the
+    position table is cropped) and ``init_std``; other fields must match the checkpoint."""
     directory = _resolve(name_or_path)
     hf_config = _read_json(directory / "config.json")
     config = _config_from_hf(hf_config, config_overrides, where=directory / "config.json")
@@ -224,14 +208,12 @@ def _config_from_hf(hf: dict, overrides: dict, where: Path) -> dict:
             problems.append(f"{key}={hf[key]} (only {required} is supported)")
     if "n_positions" not in hf and "n_ctx" in hf:
         hf["n_positions"] = hf["n_ctx"]  # very old configs
-    missing = [k for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
-               if k not in hf]
+    sizes = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+    missing = [k for k in sizes if k not in hf]
     if missing:
         problems.append(f"missing {missing}")
-    for key in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
-        value = hf.get(key)
-        if key in hf and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            problems.append(f"{key}={value!r} (must be an integer >= 1)")
+    problems += [f"{k}={hf[k]!r} (must be an integer >= 1)" for k in sizes if k in hf and (
+        isinstance(hf[k], bool) or not isinstance(hf[k], int) or hf[k] < 1)]
     if not problems and hf["n_embd"] % hf["n_head"]:
         problems.append(f"n_embd={hf['n_embd']} (must be a multiple of n_head={hf['n_head']})")
     if problems:
@@ -288,8 +270,6 @@ def _read_weights(directory: Path) -> dict[str, Tensor]:
         if file.suffix == ".safetensors":
             state.update(_read_safetensors(file))
         else:  # weights_only: a pickle may hold tensors and plain containers, never code
-            from minigpt.checkpoint.safe_load import load_tensors
-
             weights = load_tensors(file)
             if not isinstance(weights, dict) or not all(
                     isinstance(v, Tensor) for v in weights.values()):
@@ -312,7 +292,8 @@ def _read_safetensors(file: Path) -> dict[str, Tensor]:
 
 def _hf_to_ours(hf_state: dict[str, Tensor], config: dict, where: Path) -> dict[str, Tensor]:
     """Rename and transpose a GPT-2 state dict into ``GPT``'s, checking nothing is left over and
-    every shape is the one ``config`` (from config.json) implies."""
+    every shape is the one ``config`` (from config.json) implies. Keys may lack the
+    ``transformer.`` prefix (``GPT2Model``, the original OpenAI upload)."""
     n_layer, context_length = config["n_layer"], config["context_length"]
     hf_state = {k.removeprefix("transformer."): v for k, v in hf_state.items()}
     lm_head = hf_state.pop("lm_head.weight", None)
@@ -323,20 +304,32 @@ def _hf_to_ours(hf_state: dict[str, Tensor], config: dict, where: Path) -> dict[
         if block and block.group(2) in ("attn.bias", "attn.masked_bias"):
             continue  # causal-mask buffers of older transformers versions
         if block and block.group(2) in _BLOCK_KEYS:
-            name, conv1d = _BLOCK_KEYS[block.group(2)]
+            name, conv1d, _ = _BLOCK_KEYS[block.group(2)]
             ours[f"blocks.{block.group(1)}.{name}"] = value.t() if conv1d else value
         elif key in _TOP_KEYS:
             ours[_TOP_KEYS[key]] = value
         else:
             unexpected.append(key)
-    expected = _expected_keys(n_layer)
-    missing = sorted(expected - set(ours))
-    unexpected += sorted(set(ours) - expected)
+    shapes = _expected_shapes(config)
+    missing = sorted(set(shapes) - set(ours))
+    unexpected += sorted(set(ours) - set(shapes))
     if missing or unexpected:
         raise PretrainedError(f"{where}: weights do not match config.json "
                               f"(n_layer={n_layer}): missing {missing[:5]}, "
                               f"unexpected {unexpected[:5]}")
-    _check_shapes(ours, config, where)
+    for key, value in ours.items():
+        expected = shapes[key]
+        if key == "pos_emb.weight":  # at least the context asked for (cropped below)
+            ok = value.dim() == 2 and value.shape[0] >= context_length \
+                and value.shape[1] == expected[1]
+        else:
+            ok = tuple(value.shape) == expected
+        if not ok:
+            raise PretrainedError(
+                f"{where}: {key} has shape {tuple(value.shape)}, but config.json (n_embd="
+                f"{config['n_embd']}, vocab_size={config['vocab_size']}) implies {expected}: the "
+                "weights and config.json are from different models; copy or download the "
+                "checkpoint directory again")
     if lm_head is not None and (lm_head.shape != ours["tok_emb.weight"].shape
                                 or not torch.equal(lm_head, ours["tok_emb.weight"])):
         raise PretrainedError(f"{where}: lm_head.weight differs from the token embedding; only "
@@ -347,51 +340,24 @@ def _hf_to_ours(hf_state: dict[str, Tensor], config: dict, where: Path) -> dict[
     return ours
 
 
-def _check_shapes(ours: dict[str, Tensor], config: dict, where: Path) -> None:
-    """One line naming the first weight whose shape config.json does not imply."""
+def _expected_shapes(config: dict) -> dict[str, tuple]:
+    """The shape config.json implies for each weight of ``GPT``'s state dict."""
     C, V = config["n_embd"], config["vocab_size"]
-    shapes = {"tok_emb.weight": (V, C), "final_norm.weight": (C,), "final_norm.bias": (C,)}
-    per_block = {"norm1.weight": (C,), "norm1.bias": (C,), "norm2.weight": (C,),
-                 "norm2.bias": (C,), "attn.qkv.weight": (3 * C, C), "attn.qkv.bias": (3 * C,),
-                 "attn.out_proj.weight": (C, C), "attn.out_proj.bias": (C,),
-                 "mlp.fc.weight": (4 * C, C), "mlp.fc.bias": (4 * C,),
-                 "mlp.proj.weight": (C, 4 * C), "mlp.proj.bias": (C,)}
+    shapes = {"tok_emb.weight": (V, C), "pos_emb.weight": ("n_positions", C),
+              "final_norm.weight": (C,), "final_norm.bias": (C,)}
     for i in range(config["n_layer"]):
-        shapes.update({f"blocks.{i}.{name}": shape for name, shape in per_block.items()})
-    for key, value in ours.items():
-        expected = shapes.get(key)
-        if key == "pos_emb.weight":  # at least the context asked for (cropped after this)
-            ok = value.dim() == 2 and value.shape[0] >= config["context_length"] \
-                and value.shape[1] == C
-            expected = ("n_positions", C)
-        else:
-            ok = tuple(value.shape) == expected
-        if not ok:
-            raise PretrainedError(
-                f"{where}: {key} has shape {tuple(value.shape)}, but config.json (n_embd={C}, "
-                f"vocab_size={V}) implies {expected}: the weights and config.json are from "
-                "different models; copy or download the checkpoint directory again")
-
-
-def _expected_keys(n_layer: int) -> set[str]:
-    keys = set(_TOP_KEYS.values())
-    for i in range(n_layer):
-        keys.update(f"blocks.{i}.{name}" for name, _ in _BLOCK_KEYS.values())
-    return keys
+        shapes.update({f"blocks.{i}.{name}": tuple(n * C for n in multiples)
+                       for name, _, multiples in _BLOCK_KEYS.values()})
+    return shapes
 
 
 # --------------------------------------------------------------------------------------- saving
 
 
 def write_gpt2(path: str | os.PathLike, config: dict, state: dict[str, Tensor]) -> None:
-    """Write a ``GPT``'s config fields and state dict as a Hugging Face GPT-2 directory:
-    ``config.json`` + ``model.safetensors``.
-
-    ``transformers.GPT2LMHeadModel.from_pretrained(path)`` loads it with the same logits. GPT-2
-    always has biases; a model built with ``bias=False`` or ``qkv_bias=False`` is saved with zero
-    biases, which computes exactly the same function (and loads back as a ``bias=True`` model).
-    Each file is written to a temporary name and renamed, so a crash never leaves half a file.
-    """
+    """Write a ``GPT``'s config fields and state dict as a Hugging Face GPT-2 directory
+    (``config.json`` + ``model.safetensors``, each written atomically) that ``transformers``
+    loads with the same logits; absent biases are written as zeros (the same function)."""
     from safetensors.torch import save_file
 
     check_gpt2_export(config)
@@ -420,22 +386,19 @@ def check_gpt2_export(config: dict) -> None:
 
 
 def _ours_to_hf(state: dict[str, Tensor], C: int, n_layer: int) -> dict[str, Tensor]:
-    hf: dict[str, Tensor] = {}
-    for hf_key, key in _TOP_KEYS.items():
-        hf[f"transformer.{hf_key}"] = state.get(key)
-    for i in range(n_layer):
-        for hf_suffix, (suffix, conv1d) in _BLOCK_KEYS.items():
-            value = state.get(f"blocks.{i}.{suffix}")
-            hf[f"transformer.h.{i}.{hf_suffix}"] = value.t() if conv1d else value
-    # Missing biases (bias=False / qkv_bias=False) are zeros in GPT-2's layout: exactly the same
-    # function. Sizes: LayerNorm and projections' outputs.
-    out_features = {"c_attn": 3 * C, "c_fc": 4 * C}
     dtype = state["tok_emb.weight"].dtype
-    for key, value in hf.items():
-        if value is None:
+
+    def get(key: str, size: int) -> Tensor:  # an absent bias: zeros, exactly the same function
+        if key not in state:
             assert key.endswith(".bias"), key
-            module = key.split(".")[-2]
-            hf[key] = torch.zeros(out_features.get(module, C), dtype=dtype)
+            return torch.zeros(size, dtype=dtype)
+        return state[key]
+
+    hf = {f"transformer.{hf_key}": get(key, C) for hf_key, key in _TOP_KEYS.items()}
+    for i in range(n_layer):
+        for hf_suffix, (suffix, conv1d, multiples) in _BLOCK_KEYS.items():
+            value = get(f"blocks.{i}.{suffix}", multiples[0] * C)
+            hf[f"transformer.h.{i}.{hf_suffix}"] = value.t() if conv1d else value
     # safetensors wants contiguous CPU tensors that share no memory.
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in hf.items()}
 

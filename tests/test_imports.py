@@ -128,9 +128,6 @@ UPWARD = {
     # Conversations for fine-tuning render through the chat template, which generation,
     # evaluation and the server share with the chat feature: the one piece of chat the data needs.
     ("minigpt.data.chat", "minigpt.chat.template"),
-    # A Hugging Face pytorch_model.bin is read through the one loader that never runs code from
-    # a file, which lives with the checkpoints it was written for.
-    ("minigpt.hf", "minigpt.checkpoint.safe_load"),
 }
 
 

@@ -1,8 +1,5 @@
-"""A sharded FSDP checkpoint directory -> one model-only file that ``generate.py`` reads, in one
-process and without the optimizer state::
-
-    python -m minigpt.checkpoint consolidate RUN_DIR      # -> RUN_DIR/checkpoints/model.ckpt
-"""
+"""``python -m minigpt.checkpoint consolidate RUN_DIR``: a sharded FSDP checkpoint -> one
+model-only file that ``generate.py`` reads (``RUN_DIR/checkpoints/model.ckpt``)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,11 @@
-"""What a minigpt checkpoint holds: its keys, file names and format versions, in one place.
-
-A checkpoint is a dict saved with ``torch.save`` (through Lightning Fabric while training) of
-tensors and plain types only, so ``torch.load(weights_only=True)`` reads it:
-
-- ``minigpt``: ``checkpoint_metadata(...)``, the model config and the tokenizer, enough to
-  rebuild the model without the YAML or the data directory (and a chat model's template;
-  checkpoints of earlier versions may hold other keys here, e.g. ``cpu_kernels``: ignored);
-- the model's weights, prefixed ``model.`` (the training module's attribute, never
-  ``_orig_mod.``): under ``model`` in ``format_version`` 2, under ``state_dict`` in version 1
-  (written by Lightning's Trainer; still read and resumed);
-- for resuming: the optimizers by name (``optimizer`` for AdamW, else the class's lower-case
-  name: ``minigpt.train.optim.checkpoint_name``), their ``schedulers`` by the same names,
-  ``data`` (the position in the batches), the loop's progress (``PROGRESS_KEYS``: the step, the
-  losses, and the counters that decide what runs at a step; checkpoints before them hold the
-  first three) and ``rng_states`` (one per process). Version 1 keeps them under
-  ``LEGACY_KEYS``' names.
-
-A sharded FSDP checkpoint is a directory: ``torch.distributed.checkpoint`` files with each
-rank's shard of the weights and optimizer state, plus ``meta.pt`` with everything else.
+"""What a minigpt checkpoint holds: a ``torch.save`` dict of tensors and plain types only
+(``torch.load(weights_only=True)`` reads it): ``minigpt`` (``checkpoint_metadata``: enough to
+rebuild the model without the YAML; keys of earlier versions, e.g. ``cpu_kernels``, are
+ignored), the weights prefixed ``model.`` (under ``model``; ``state_dict`` in version 1, written
+by Lightning's Trainer and still read and resumed), and for resuming the optimizers by name,
+their ``schedulers``, ``data``, ``PROGRESS_KEYS`` and ``rng_states`` (version 1: ``LEGACY_KEYS``).
+A sharded FSDP checkpoint is a directory of ``torch.distributed.checkpoint`` files plus
+``meta.pt`` with everything else.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Reading a checkpoint back: checked to be minigpt's, then rebuilt into a model and tokenizer.
-
-The reading side of ``minigpt.checkpoint``, part of the core: torch and minigpt's core only, no
-Lightning or Hydra. Files are read with ``safe_load.load_tensors`` (never running code from
-them); the keys and versions it checks are ``format``'s.
-"""
+"""Reading a checkpoint back (torch and minigpt's core only): checked to be minigpt's, then
+rebuilt into a model and tokenizer."""
 
 from __future__ import annotations
 
@@ -19,20 +15,15 @@ from minigpt.checkpoint.format import (
     is_sharded_checkpoint,
     model_weights,
 )
-from minigpt.checkpoint.safe_load import CheckpointError, load_tensors
 from minigpt.errors import first_line
+from minigpt.files import CheckpointError, load_tensors
 
 
 def read_checkpoint(path, map_location="cpu", *, sharded: bool = False) -> dict:
-    """A training checkpoint's dict, checked to be one minigpt can rebuild a model from.
-
-    Reads with ``torch.load(weights_only=True)``: tensors and plain types only, never code (and
-    memory-mapped, so checking a large file costs little). Raises ``FileNotFoundError`` for a
-    missing file and ``CheckpointError`` (one line each) for a file that is unreadable, not a
-    minigpt checkpoint, or has a ``format_version`` this code does not read. ``train.py``'s
-    resume and ``generate.py`` both read through here. ``sharded=True`` (resuming) also takes a
-    sharded FSDP checkpoint directory and returns its non-tensor part (no ``state_dict``).
-    """
+    """A training checkpoint's dict (read weights-only), checked to be one minigpt can rebuild
+    a model from: ``FileNotFoundError`` for a missing file, else one ``CheckpointError`` line for
+    an unreadable file, not minigpt's, or of a ``format_version`` it does not read.
+    ``sharded=True`` (resuming) also takes a sharded FSDP directory: its non-tensor part."""
     import zipfile
 
     path = Path(path)
@@ -72,11 +63,9 @@ def read_checkpoint(path, map_location="cpu", *, sharded: bool = False) -> dict:
 
 
 def load_checkpoint(path, map_location="cpu", **config_overrides):
-    """Rebuild ``(GPT, Tokenizer, metadata)`` from a training checkpoint (``read_checkpoint``),
-    in eval mode. ``config_overrides`` may set ``dropout`` and ``context_length``: shorter than
-    the checkpoint's (a learned position table is cropped) or, for a model without a position
-    table (rope), any; a longer context than a learned table holds is one ``CheckpointError``
-    line naming both values."""
+    """``(GPT, Tokenizer, metadata)`` of a training checkpoint, in eval mode.
+    ``config_overrides`` may set ``dropout`` and ``context_length`` (at most a learned position
+    table's length, which is cropped to it; any without one)."""
     from minigpt.model import GPT, GPTConfig
     from minigpt.tokenizer import tokenizer_from_dict
 
@@ -143,10 +132,9 @@ def find_latest_checkpoint(root="outputs") -> Path:
 
 
 def load_model(ckpt_path=None, pretrained=None, checkpoints_root="outputs"):
-    """``(model, tokenizer, source)`` for the sampling and viz entry points, in eval mode:
-    a Hugging Face GPT-2 directory (``pretrained``, GPT-2's tokenizer), a training checkpoint
-    (``ckpt_path``), or else the newest ``last.ckpt`` under ``checkpoints_root``; for a sharded
-    FSDP checkpoint, the ``model.ckpt`` consolidated from it."""
+    """``(model, tokenizer, source)`` in eval mode: a Hugging Face GPT-2 directory
+    (``pretrained``), a training checkpoint (``ckpt_path``; ``model_file_for`` it), or else the
+    newest ``last.ckpt`` under ``checkpoints_root``."""
     if ckpt_path is not None and pretrained is not None:
         raise ValueError("give ckpt_path or pretrained, not both")
     if pretrained is not None:

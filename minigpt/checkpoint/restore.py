@@ -1,12 +1,7 @@
-"""Resuming a run: is ``ckpt_path`` a checkpoint this run can continue (told in one line), and
-loading it back into the run's model, optimizers, schedulers and data position.
-
-Before the run is built, ``read_resume_point`` reads the checkpoint's header once (with the same
-reader ``generate.py`` uses) and ``check_resume_matches`` compares it with the run: otherwise
-the mismatch would surface deep inside ``fabric.load`` (a truncated file, a model that does not
-fit the state dict, a step already past ``max_steps``) with a long traceback. ``restore`` then
-loads it through Fabric. Checkpoints written by Lightning's Trainer (``format_version`` 1)
-resume too: their parts sit under other names (``format.LEGACY_KEYS``).
+"""Resuming a run: ``read_resume_point`` reads the checkpoint's header once and
+``check_resume_matches`` compares it with the run before it is built (one line, not a traceback
+from deep inside ``fabric.load``); ``restore`` then loads it through Fabric. Version 1
+(Lightning's Trainer) checkpoints resume too (``format.LEGACY_KEYS``).
 """
 
 from __future__ import annotations
@@ -67,19 +62,13 @@ def read_resume_point(path: str, max_steps: int) -> ResumePoint:
                        checkpoint.get("batch"))
 
 
-def model_differences(resume: ResumePoint, model_config: dict, *, skip=()) -> list[str]:
-    """``field=<run> here, <checkpoint> in the checkpoint`` for each field that differs."""
-    skip = set(skip) | set(CHANGEABLE_ON_RESUME)
-    fields = sorted((set(model_config) | set(resume.model_config)) - skip)
-    return [f"model.{k}={model_config.get(k)!r} here, {resume.model_config.get(k)!r} in the "
-            "checkpoint" for k in fields if model_config.get(k) != resume.model_config.get(k)]
-
-
 def check_resume_matches(resume: ResumePoint, model_config: dict, tokenizer: dict | None = None,
                          *, skip=()) -> None:
     """One line naming every model field (and the tokenizer) that differs from the checkpoint,
     and the two ways forward."""
-    problems = model_differences(resume, model_config, skip=skip)
+    fields = sorted((set(model_config) | set(resume.model_config)) - {*skip, *CHANGEABLE_ON_RESUME})
+    problems = [f"model.{k}={model_config.get(k)!r} here, {resume.model_config.get(k)!r} in the "
+                "checkpoint" for k in fields if model_config.get(k) != resume.model_config.get(k)]
     if tokenizer is not None and tokenizer != resume.tokenizer:
         problems.append(f"the data's tokenizer is {_describe(tokenizer)} here, "
                         f"{_describe(resume.tokenizer)} in the checkpoint")
@@ -97,11 +86,9 @@ def _describe(tokenizer: dict) -> str:
 
 def restore(fabric: Fabric, resume: ResumePoint, module, optimizers: dict, schedulers: dict,
             data) -> dict:
-    """Load the checkpoint of ``resume`` (its header read once, before the run was built) into
-    the model, optimizers, schedulers and data position; return the progress (``global_step``,
-    ``best_val_loss`` and the other counters under ``PROGRESS_KEYS`` the checkpoint holds: older
-    ones hold fewer) and this process's RNG state (``rng``, or None for a process the
-    checkpoint had none for), which the loop restores once its batches are ready."""
+    """Load ``resume``'s checkpoint into the model, optimizers, schedulers and data position;
+    return the progress (the ``PROGRESS_KEYS`` it holds) and this process's RNG state (``rng``,
+    None if it had none), which the loop restores once its batches are ready."""
     path, stored = Path(resume.path), resume.optimizers
     legacy = resume.format_version == 1
     if stored is not None and stored != set(optimizers):

@@ -1,8 +1,6 @@
 """Python, NumPy and torch RNG state in checkpoints, so a resumed run draws what the
-uninterrupted one would have drawn.
-
-Each process saves the generator of its own device only: a resumed run may see other GPUs (one
-per SLURM task, a different node), and a process never draws from another GPU's generator."""
+uninterrupted one would have; each process saves its own device's generator only (a resumed run
+may see other GPUs)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
-"""Writing training checkpoints: the state one holds, written whole or not at all.
-
-One state per checkpoint (its keys: ``minigpt.checkpoint.format``), written with
-``fabric.save``: the model, the optimizers, the LR schedulers, the optimizer step, the data
-position, each process's RNG state, the best validation loss so far, and the model config and
-tokenizer, all as tensors and plain types so ``torch.load(weights_only=True)`` reads it. Under
-FSDP with sharded checkpoints it is a directory with one shard per process, which resumes on any
-number of processes (``minigpt.checkpoint.restore``).
-
-Files: ``best.ckpt`` (lowest val/loss) and ``last.ckpt``; when a validation improves, ``last`` is
-a link to ``best`` rather than a second copy. Each is written under a hidden temporary name beside
-it and renamed into place, so a crash never leaves half a checkpoint under a real name; a later run
-in the same directory removes what a killed one left. A write that fails (a full disk, any
-``OSError``) removes its temporary file, keeps the previous checkpoints, and raises one line
-(``CheckpointWriteError``). Nothing is staged in the system temp directory: Fabric's default
-writer stages whole files there, so a run is given ``DirectCheckpointIO`` instead.
+"""Writing training checkpoints (``minigpt.checkpoint.format``) with ``fabric.save``, whole or
+not at all: ``best.ckpt`` and ``last.ckpt`` (a link to ``best`` when a validation improves),
+each written under a hidden temporary name and renamed into place; a failed write removes its
+temporary file, keeps the previous checkpoints and raises one ``CheckpointWriteError`` line.
 """
 
 from __future__ import annotations
@@ -40,9 +28,8 @@ class CheckpointWriteError(UserError, OSError):
 
 
 class DirectCheckpointIO(TorchCheckpointIO):
-    """``torch.save`` straight to the path Fabric is given (``CheckpointFiles`` gives it a
-    temporary name beside the target and renames it). Lightning's own writer stages the whole
-    file in the system temp directory first, which then needs room for a checkpoint too."""
+    """``torch.save`` straight to the path Fabric is given (Lightning's own writer stages the
+    whole file in the system temp directory, which then needs room for a checkpoint too)."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         if storage_options is not None:
@@ -125,7 +112,7 @@ class CheckpointFiles:
     def _write_failed(self, target: Path, tmp: Path, error: Exception) -> CheckpointWriteError:
         """Remove ``tmp``; the one line for ``target`` (a full disk: the bytes it needed)."""
         full = out_of_space(error, target) or _cut_short(error)  # while tmp still fills the disk
-        written = _size(tmp)
+        written = sum(file.stat().st_size for file in _files(tmp))
         _remove(tmp)
         kept = [p.name for p in (self.directory / BEST, self.directory / LAST) if p.exists()]
         kept = f"{' and '.join(kept)} (the previous checkpoint) unchanged" if kept else \
@@ -173,16 +160,14 @@ def _drop_frames(error: BaseException) -> None:
     gc.collect()  # frames and the writer may sit in reference cycles
 
 
-def _size(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+def _files(path: Path) -> list[Path]:
+    """``path``, or the files in a directory of shards (none where nothing is)."""
+    return [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
 
 
 def _sync_to_disk(path: Path) -> None:
     """Data on disk before the rename makes it visible."""
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    for file in files:
+    for file in _files(path):
         with open(file, "rb+") as f:
             os.fsync(f.fileno())
 
