@@ -1,12 +1,7 @@
-"""Held-out conversations as an evaluation task (``task=chat path=val.jsonl``), for a chat model
-fine-tuned with ``experiment=sft``, scored through its own chat template.
-
-Each line is ``{"messages": [...]}`` (as ``generate.py chat_input=`` reads), one of two kinds:
-- exact match: the last message is the assistant's reference; the greedy reply to the messages
-  before it must equal it, outer whitespace aside (``exact_match``);
-- multiple choice: ``"choices": [text, ...]`` and ``"answer": <index>``; each choice is scored as
-  the assistant's reply (and end token), the likeliest must be the answer (``mc_acc``).
-A file may mix both; each metric is the mean over the items that have it.
+"""Held-out conversations as an evaluation task (``task=chat path=val.jsonl``), scored through
+a chat model's own template (docs/chat_cli.md): ``exact_match`` of the greedy reply against an
+item's last (assistant) message, outer whitespace aside; ``mc_acc`` of the likeliest of an item's
+``"choices"`` against its ``"answer"`` index. Each is the mean over the items that have it.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """minigpt as a model for lm-evaluation-harness (``lm_eval`` 0.4.x, the ``eval`` extra).
 
-``MiniGPTLM`` answers the harness's three requests with minigpt's own code: ``loglikelihood``
-and ``loglikelihood_rolling`` through the batched scorer (``minigpt.eval.scoring``),
-``generate_until`` through the KV-cached sampler (``minigpt.sampling.generate``, greedy unless a
-task asks for sampling). Tokenization of context/continuation pairs is the harness's own
-(``TemplateLM``: trailing spaces move to the continuation, the pair is encoded whole and split),
-so the log-likelihoods are those of the harness's ``hf`` model on the same weights.
-
-With a chat template (a model fine-tuned with ``experiment=sft``; ``apply_chat_template=true``
-on the command line) it implements lm-eval's chat hooks: ``apply_chat_template`` renders the
-harness's messages as text holding the template's special tokens (``ChatTemplate.decode``),
-``tok_encode`` reads those back as their ids, and generations stop at the template's end token.
-
-lm_eval's command line only builds models it imports itself; run this one with
-``python -m minigpt.eval harness tasks=...`` or ``run_harness``.
+``MiniGPTLM`` answers the harness's requests with minigpt's batched scorer
+(``minigpt.eval.scoring``) and KV-cached sampler, on the harness's own tokenization of
+context/continuation pairs (``TemplateLM``), so its log-likelihoods are those of the harness's
+``hf`` model on the same weights. With a chat template it implements lm-eval's chat hooks
+(docs/chat_cli.md). Run it with ``python -m minigpt.eval harness tasks=...`` or ``run_harness``.
 """
 
 from __future__ import annotations
@@ -23,7 +14,14 @@ import json
 import re
 from collections.abc import Callable
 
+import torch
+from tqdm import tqdm
+
+from minigpt.chat.session import ChatSession
 from minigpt.errors import UserError
+from minigpt.eval.scoring import score_pairs, score_rows
+from minigpt.sampling import generate
+from minigpt.tokenizer import EOT_TEXT
 
 INSTALL = "pip install -e '.[eval]' (or: pip install 'lm_eval>=0.4,<0.5' accelerate)"
 
@@ -42,16 +40,11 @@ except ImportError as e:  # the extra is optional; say how to get it instead of 
 @register_model("minigpt")
 class MiniGPTLM(TemplateLM):
     """A minigpt ``GPT`` and its tokenizer as an lm-eval model: give ``model`` and ``tokenizer``,
-    or ``ckpt_path``/``pretrained`` (as ``python -m minigpt.eval`` takes them), read by the one
-    inference loader (``minigpt.inference.load_for_scoring``: ``device`` checked, ``dtype=auto``
-    as everywhere, a bad value one ``UserError`` line).
-
-    ``batch_size``: rows per forward pass; ``autocast``: a function returning the context each
-    forward pass runs in (``None``: the model's own dtype; a loaded model: ``dtype``'s);
-    ``max_gen_toks``: the default length of a generation when a task sets none;
-    ``chat_template``: the model's ``ChatTemplate``, for
-    ``simple_evaluate(..., apply_chat_template=True)``.
-    """
+    or ``ckpt_path``/``pretrained`` (read by ``minigpt.inference.load_for_scoring``, as
+    ``python -m minigpt.eval`` reads them). ``batch_size``: rows per forward pass; ``autocast``:
+    a function returning each forward pass's context (None: the model's dtype; a loaded model:
+    ``dtype``'s); ``max_gen_toks``: a generation's length when a task sets none;
+    ``chat_template``: the model's ``ChatTemplate``, for ``apply_chat_template=True``."""
 
     def __init__(self, model=None, tokenizer=None, *, ckpt_path=None, pretrained=None,
                  batch_size: int = 16, device: str = "cpu", dtype: str = "auto",
@@ -121,10 +114,6 @@ class MiniGPTLM(TemplateLM):
         """``(logprob, is_greedy)`` per ``(key, context_ids, continuation_ids)``; requests with
         one context (a multiple-choice question) run it once; a pair too long for the model is
         cut from the left as the harness's ``hf`` model cuts it."""
-        from tqdm import tqdm
-
-        from minigpt.eval.scoring import score_pairs
-
         with tqdm(total=len(requests), disable=disable_tqdm, desc="loglikelihood") as bar:
             scores, _ = score_pairs(self.model, [(context, continuation)
                                                  for _, context, continuation in requests],
@@ -143,8 +132,11 @@ class MiniGPTLM(TemplateLM):
             for context, continuation in map(make_disjoint_window, windows):
                 rows.append((context + continuation, len(continuation)))
                 owner.append(i)
+        with tqdm(total=len(rows), disable=disable_tqdm, desc="loglikelihood", unit="row") as bar:
+            scores = score_rows(self.model, rows, batch_size=self.batch_size, device=self.device_,
+                                autocast=self.autocast, progress=bar.update)
         totals = [0.0] * len(requests)
-        for i, score in zip(owner, self._score(rows, disable_tqdm), strict=True):
+        for i, score in zip(owner, scores, strict=True):
             totals[i] += score.logprob
         for request, total in zip(requests, totals, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
@@ -152,75 +144,45 @@ class MiniGPTLM(TemplateLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy (or sampled, if the task asks) continuations, cut at the first stop string."""
-        from tqdm import tqdm
-
         return [self._generate(*request.args)
                 for request in tqdm(requests, disable=disable_tqdm, desc="generate_until")]
 
     def _generate(self, context: str, gen_kwargs: dict) -> str:
-        import torch
-
-        from minigpt.sampling import generate
-
-        if self.template is not None:
-            return self._generate_reply(context, gen_kwargs)
+        """One continuation (with a chat template, the greedy reply to its end token, through
+        ``minigpt.chat.session``), cut at the first stop string; a context longer than the
+        model's keeps its last tokens."""
         kwargs = dict(gen_kwargs)
         until = kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
-        eot_text = self.tokenizer_.decode([self.eot_token_id])
-        until = until + ([eot_text] if eot_text not in until else [])
         max_new = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
-        temperature = float(kwargs.pop("temperature", 0.0))
-        if not kwargs.pop("do_sample", temperature > 0):  # the harness's hf model reads them so
-            temperature = 0.0  # greedy
-        ids = self.tok_encode(context)[-max(1, self.max_length - max_new):] or [self.eot_token_id]
-        idx = torch.tensor([ids], dtype=torch.long, device=self.device_)
-        with self.autocast() if self.autocast is not None else contextlib.nullcontext():
-            out = generate(self.model, idx, max_new, temperature=temperature,
-                           eos_id=self.eot_token_id, vocab_size=self.tokenizer_.vocab_size)
-        new = out[0, len(ids):].tolist()
-        if self.eot_token_id in new:
-            new = new[:new.index(self.eot_token_id)]
-        text = self.tokenizer_.decode(new)
-        for stop in until:
-            if stop:
-                text = text.split(stop)[0]
-        self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
-        return text
-
-    def _generate_reply(self, context: str, gen_kwargs: dict) -> str:
-        """A chat model's greedy reply (``minigpt.chat.session``), to its end token, cut at the
-        first stop string; a context longer than the model's keeps its last tokens."""
-        from minigpt.chat.session import ChatSession
-
-        until = gen_kwargs.get("until") or []
-        until = [until] if isinstance(until, str) else list(until)
-        max_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
-        session = ChatSession(self.model, self.tokenizer_, self.template,
-                              max_new_tokens=max_new, autocast=self.autocast)
         ids = self.tok_encode(context)[-max(1, self.max_length - max_new):]
-        text = session.complete(ids).text
+        if self.template is not None:
+            text = ChatSession(self.model, self.tokenizer_, self.template, max_new_tokens=max_new,
+                               autocast=self.autocast).complete(ids).text
+        else:
+            temperature = float(kwargs.pop("temperature", 0.0))
+            if not kwargs.pop("do_sample", temperature > 0):  # as the harness's hf model reads them
+                temperature = 0.0  # greedy
+            ids = ids or [self.eot_token_id]
+            with self.autocast() if self.autocast is not None else contextlib.nullcontext():
+                out = generate(self.model, torch.tensor([ids], device=self.device_), max_new,
+                               temperature=temperature, eos_id=self.eot_token_id,
+                               vocab_size=self.tokenizer_.vocab_size)
+            new = out[0, len(ids):].tolist()
+            text = self.tokenizer_.decode(new[:new.index(self.eot_token_id)]
+                                          if self.eot_token_id in new else new)
+            eot_text = self.tokenizer_.decode([self.eot_token_id])
+            until += [eot_text] if eot_text not in until else []
         for stop in until:
             if stop:
                 text = text.split(stop)[0]
         self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
         return text
-
-    def _score(self, rows, disable_tqdm: bool):
-        from tqdm import tqdm
-
-        from minigpt.eval.scoring import score_rows
-
-        with tqdm(total=len(rows), disable=disable_tqdm, desc="loglikelihood", unit="row") as bar:
-            return score_rows(self.model, rows, batch_size=self.batch_size, device=self.device_,
-                              autocast=self.autocast, progress=bar.update)
 
 
 def _special_ids(template) -> tuple[re.Pattern, dict[str, int]]:
     """A pattern that splits text at the template's special-token text (kept, as the odd
     parts), and each one's id; end-of-text is the template's BOS."""
-    from minigpt.tokenizer import EOT_TEXT
-
     ids = {**template.special_ids, EOT_TEXT: template.bos_id}
     return re.compile("(" + "|".join(map(re.escape, ids)) + ")"), ids
 

@@ -1,14 +1,8 @@
-"""HellaSwag, scored completion-style (as build-nanogpt and llm.c do).
-
-Each item is a context and four endings; the row ``context + " " + ending`` is tokenized and only
-the ending's tokens are scored. ``acc`` picks the ending with the highest summed log-probability
-(the lowest summed loss), ``acc_norm`` the one with the highest mean per token, so long endings
-are not penalized for their length. lm-evaluation-harness scores the same items differently (an
-``activity_label: `` prefix, cleaned WikiHow text, normalization per character), so its numbers
-are close to these but not the same; use ``minigpt.eval.harness`` for its version.
-
-Items come from a local file in HellaSwag's own jsonl format or from its published validation
-file, downloaded once and cached.
+"""HellaSwag, scored completion-style (as build-nanogpt and llm.c do): only each ending's tokens
+after ``context + " "``; ``acc`` picks the ending with the highest summed log-probability,
+``acc_norm`` the highest mean per token. lm-evaluation-harness's version (``minigpt.eval.harness``)
+formats the items differently, so its numbers are close but not the same. Items come from a local
+jsonl file in HellaSwag's format or the published validation file, downloaded once.
 """
 
 from __future__ import annotations
@@ -29,7 +23,6 @@ log = logging.getLogger(__name__)
 
 VALIDATION_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VALIDATION_FILE = "hellaswag_val.jsonl"
-VALIDATION_ITEMS = 10042
 FORMAT = ("a HellaSwag item is one JSON object per line with ctx (or ctx_a and ctx_b), "
           "endings (4 strings) and label (0-3)")
 
@@ -56,10 +49,6 @@ class Result:
     n: int
     truncated: int
     choices: list[int] = field(repr=False)
-
-    def to_dict(self) -> dict:
-        return {"task": "hellaswag", "acc": self.acc, "acc_norm": self.acc_norm, "n": self.n,
-                "truncated": self.truncated, "choices": self.choices}
 
 
 def read_items(path, limit: int | None = None) -> list[Item]:

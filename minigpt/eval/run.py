@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from omegaconf import DictConfig
 
+from minigpt.chat.cli import chat_template_of
 from minigpt.config import EvalCommandSchema, settings_problems, typed
+from minigpt.devices import check_device
 from minigpt.errors import UserError
+from minigpt.eval.registry import TASK_RULE, task_class
+from minigpt.eval.task import evaluate
+from minigpt.files import atomic_write
 from minigpt.paths import check_paths
 
 
 def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
     """Score the model ``cfg`` names on ``cfg.task`` (a registry task, or ``harness``); print
     the table to ``out`` (stdout), write ``cfg.out``; return what was written."""
-    from minigpt.devices import check_device
-
     out = out or sys.stdout
     cfg = typed(cfg, EvalCommandSchema)
     _check_options(cfg)
@@ -29,20 +33,19 @@ def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
     check_device(cfg.device)  # before the items and the model are read
     result = _run_harness(cfg, out) if cfg.task == "harness" else _run_task(cfg, out)
     out.flush()
-    if cfg.out is not None:
-        _write_json(cfg.out, result)
+    if cfg.out is not None:  # checked by check_paths before any work
+        text = json.dumps(result, indent=1, default=str) + "\n"
+        atomic_write(Path(cfg.out), lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        print(f"wrote {cfg.out}", file=sys.stderr, flush=True)
     return result
 
 
 def _run_task(cfg: EvalCommandSchema, out) -> dict:
-    from minigpt.eval.registry import task_class
-    from minigpt.eval.task import evaluate
-
     task = task_class(cfg.task)(cfg.path, cfg.cache_dir)
     items = task.items(cfg.limit)  # before the model: a bad file fails at once
     loaded, autocast = _load(cfg)
     if task.uses_chat_template:
-        task.chat_template = _chat_template(loaded, cfg)
+        task.chat_template = chat_template_of(loaded, cfg.chat_template)
     result = {"source": loaded.source, **evaluate(
         task, loaded.model, loaded.tokenizer, items, batch_size=cfg.batch_size,
         device=loaded.device, autocast=autocast, progress=cfg.progress)}
@@ -55,7 +58,7 @@ def _run_harness(cfg: EvalCommandSchema, out) -> dict:
     from minigpt.eval.harness import MiniGPTLM, run_harness  # fails here without lm_eval
 
     loaded, autocast = _load(cfg)
-    template = _chat_template(loaded, cfg) if cfg.apply_chat_template else None
+    template = chat_template_of(loaded, cfg.chat_template) if cfg.apply_chat_template else None
     lm = MiniGPTLM(loaded.model, loaded.tokenizer, batch_size=cfg.batch_size,
                    device=loaded.device, autocast=autocast, max_gen_toks=cfg.max_gen_toks,
                    chat_template=template)
@@ -67,12 +70,6 @@ def _run_harness(cfg: EvalCommandSchema, out) -> dict:
     out.write(make_table(results) + "\n")
     return {"source": loaded.source, **{k: results[k] for k in ("results", "versions", "n-shot",
                                                                   "config") if k in results}}
-
-
-def _chat_template(loaded, cfg: EvalCommandSchema):
-    from minigpt.chat.cli import chat_template_of
-
-    return chat_template_of(loaded, cfg.chat_template)
 
 
 def task_table(result: dict, metrics) -> str:
@@ -89,7 +86,7 @@ def task_table(result: dict, metrics) -> str:
 def _load(cfg: DictConfig):
     """``(loaded, autocast)``: float32 weights on the device, and the autocast that computes in
     ``cfg.dtype`` (``None``: float32), as training's evaluation does."""
-    from minigpt.inference import load_for_scoring
+    from minigpt.inference import load_for_scoring  # looked up here: tests replace it
 
     loaded = load_for_scoring(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root,
                               device=cfg.device, dtype=cfg.dtype)
@@ -109,8 +106,6 @@ def _task_list(tasks) -> list[str]:
 
 def _check_options(cfg: EvalCommandSchema) -> None:
     """Every bad value at once: the schema's types and rules, then the rules across fields."""
-    from minigpt.eval.registry import TASK_RULE
-
     problems = settings_problems(cfg, {"task": TASK_RULE})
     if cfg.ckpt_path is not None and cfg.pretrained is not None:
         problems.append("give ckpt_path or pretrained, not both")
@@ -121,14 +116,3 @@ def _check_options(cfg: EvalCommandSchema) -> None:
                         "the template): drop it")
     if problems:
         raise UserError("; ".join(problems))
-
-
-def _write_json(path, result: dict) -> None:
-    from pathlib import Path
-
-    from minigpt.files import atomic_write
-
-    path = Path(path)  # checked by check_paths before any work
-    text = json.dumps(result, indent=1, default=str) + "\n"
-    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-    print(f"wrote {path}", file=sys.stderr, flush=True)

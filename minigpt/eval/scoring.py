@@ -1,13 +1,9 @@
-"""Log-likelihood of continuations: the one scorer behind HellaSwag and the harness model.
+"""Log-likelihood of continuations: the one scorer behind the evaluation tasks and the harness.
 
-A *row* is a token list ``context + continuation`` with the number of continuation tokens to
-score. Rows of one batch are right-padded: a causal model never looks right, so padding after a
-row's last token changes none of its logits, and no attention mask is needed. Only the scored
-positions go through the LM head (the head is a large share of a small model's work).
-
-A *group* is one context with several continuations (HellaSwag's four endings, a harness
-multiple-choice question): ``score_groups`` runs the context once, left-padded into the KV cache,
-and the continuations after copies of its cache, so a context's tokens are not run four times.
+A *row* (``score_rows``) is ``context + continuation``, right-padded in its batch (a causal model
+never looks right), with the number of continuation tokens to score. A *group* (``score_groups``)
+is one context with several continuations: the context runs once into a KV cache and each
+continuation after a copy of it. Only scored positions go through the LM head.
 
 Shape letters: R rows in a batch, G groups, T tokens, M scored tokens, C = n_embd, V vocabulary.
 """
@@ -51,12 +47,9 @@ def score_pairs(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, 
                 progress: Callable[[int], None] | None = None,
                 through_forward: bool = False) -> tuple[list[Score], list[bool]]:
     """Score each ``(context, continuation)`` pair; and whether each was cut from the left.
-
-    Pairs with the same context run it once (``score_groups``); a pair that does not fit the
-    model is cut (``fit_row``) and scored as a row (``score_rows``), as are all pairs of a
-    sliding-window model or with ``through_forward``. ``batch_size``: continuations per batch;
-    ``progress(k)``: after each batch of ``k``.
-    """
+    Pairs with the same context run it once (``score_groups``); a pair that does not fit is cut
+    (``fit_row``) and scored as a row (``score_rows``), as are all pairs of a sliding-window
+    model or with ``through_forward``. ``batch_size``: continuations per batch."""
     context_length = model.config.context_length
     shared = not through_forward and getattr(model.config, "window", None) is None
     groups: dict[tuple[int, ...], list[int]] = {}
@@ -77,10 +70,9 @@ def score_pairs(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, 
     for members, group_scores in zip(groups.values(), done, strict=True):
         for i, score in zip(members, group_scores, strict=True):
             scores[i] = score
-    if rows:
-        for i, score in zip(row_pairs, score_rows(model, rows, through_forward=through_forward,
-                                                  **options), strict=True):
-            scores[i] = score
+    for i, score in zip(row_pairs, score_rows(model, rows, through_forward=through_forward,
+                                              **options), strict=True):
+        scores[i] = score
     return scores, cut  # type: ignore[return-value]
 
 
@@ -89,15 +81,11 @@ def score_rows(model, rows: Sequence[tuple[Sequence[int], int]], *, batch_size: 
                progress: Callable[[int], None] | None = None,
                through_forward: bool = False) -> list[Score]:
     """Score the last ``n`` tokens of each ``(tokens, n)`` row (``fit_row``'s output) under
-    ``model`` (a ``GPT``: ``hidden_states`` and ``logits``), ``batch_size`` rows per forward pass.
-    ``through_forward``: call ``model(idx)`` for the logits of every position instead, for
-    wrappers whose weights only gather inside ``forward`` (FSDP).
-
-    Rows run longest first, so a batch holds rows of similar length and little padding; results
-    come back in the order given. ``autocast`` (e.g. ``fabric.autocast``) wraps each forward pass;
-    log-probabilities are taken in float32. ``progress(k)`` is called after each batch of ``k``
-    rows. The model runs in eval mode without gradients; its training flag is restored.
-    """
+    ``model`` (a ``GPT``: ``hidden_states`` and ``logits``), ``batch_size`` rows per forward pass,
+    longest first (little padding), results in the order given. ``through_forward``: the logits
+    from ``model(idx)`` instead, for wrappers whose weights gather only in ``forward`` (FSDP).
+    ``autocast`` (e.g. ``fabric.autocast``) wraps each forward pass; log-probabilities are taken
+    in float32; ``progress(k)``: after each batch of ``k`` rows. Runs in eval mode, no grad."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be at least 1")
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
@@ -117,13 +105,10 @@ def score_groups(model, groups: Sequence[tuple[Sequence[int], Sequence[Sequence[
                  batch_size: int, device="cpu",
                  autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
                  progress: Callable[[int], None] | None = None) -> list[list[Score]]:
-    """Score each continuation of each ``(context, continuations)`` group after its context;
-    about ``batch_size`` continuations per batch. The same numbers as ``score_rows`` on the rows
-    ``context + continuation``, but each context runs once. Every row must fit the model
-    (``len(context) + len(continuation) <= context_length + 1``; ``fit_row`` cuts those that do
-    not, which then go to ``score_rows``), and the model must attend to all its context (no
-    sliding window).
-    """
+    """Score each continuation of each ``(context, continuations)`` group after its context,
+    about ``batch_size`` continuations per batch: ``score_rows``' numbers, each context run once.
+    Every row must fit the model (``fit_row`` cuts those that do not, for ``score_rows``) and the
+    model must attend to all its context (no sliding window)."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be at least 1")
     if getattr(model.config, "window", None) is not None:
@@ -182,9 +167,7 @@ def _batch_end(groups, order: list[int], start: int, batch_size: int, context_le
 
 def _score_group_batch(model, groups, device) -> list[list[Score]]:
     """One batch of groups: the contexts once, then all their continuations in one pass, each
-    after a copy of its context's cache. (Few large passes: on a busy machine every operator's
-    threads wait for each other, so splitting the pass to save padding costs more than it
-    saves.)"""
+    after a copy of its context's cache."""
     Te = max(len(c) for _, continuations in groups for c in continuations)
     last, cache, lengths = _run_contexts(model, [context for context, _ in groups], Te - 1,
                                           device)
@@ -222,8 +205,7 @@ def _run_continuations(model, last, cache, lengths, rows, device) -> list[Score]
     group = torch.tensor([g for g, _ in rows])  # (R,)
     hidden = last[group.to(device)][:, None]  # (R, 1, C) predicts each first token
     if Te > 1:
-        pick = group.to(device)
-        copies = cache.rows(pick)  # (R, ...) each row's context, continued its own way
+        copies = cache.rows(group.to(device))  # (R, ...) each row's context, continued its own way
         ends = torch.zeros(R, Te - 1, dtype=torch.long)  # (R, Te - 1) right-padded
         for r, (_, c) in enumerate(rows):
             ends[r, :len(c) - 1] = torch.tensor(list(c[:-1]))

@@ -1,11 +1,7 @@
-"""An evaluation task is one class: its items, the continuations each item asks the model to
-score (and, for a task that needs them, the model's greedy replies), each item's metrics from
-those, and the metrics' names. ``evaluate`` runs any task
-on a model, from ``python -m minigpt.eval task=...`` and during training (``eval.tasks``).
-
-A task of one's own subclasses ``Task`` in a module of its own and is named by its dotted path
-(``task=mypackage.tasks.MyTask``); the built-in ones (HellaSwag) are in
-``minigpt.eval.registry.TASKS``. docs/extending.md walks through one.
+"""An evaluation task is one class (``Task``): its items, the continuations each item asks the
+model to score (and, if it needs them, the model's greedy replies), each item's metrics, and the
+metrics' names. ``evaluate`` runs any task, from ``python -m minigpt.eval task=...`` and in
+training (``eval.tasks``); a task of one's own is named by its dotted path (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -14,6 +10,8 @@ import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from minigpt.errors import UserError
 from minigpt.eval.scoring import Score, score_pairs
@@ -89,19 +87,11 @@ def evaluate(task: Task, model, tokenizer, items: Sequence[Any], *, batch_size: 
                                 "scored after a context of at least one; fix the item")
         spans.append((len(pairs), len(requests)))
         pairs += requests
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(pairs), desc=f"{task.name} requests", unit="request")
-    try:
+    with tqdm(total=len(pairs), desc=f"{task.name} requests", unit="request",
+              disable=not progress) as bar:
         scores, cut = score_pairs(model, pairs, device=device, autocast=autocast,
                                   batch_size=batch_size * max([n for _, n in spans] + [1]),
-                                  progress=None if bar is None else bar.update,
-                                  through_forward=through_forward)
-    finally:
-        if bar is not None:
-            bar.close()
+                                  progress=bar.update, through_forward=through_forward)
     replies = task.replies(model, items, device=device, autocast=autocast)
     per_item = [task.item_metrics(item, scores[start:start + n]) if replies is None else
                 task.item_metrics(item, scores[start:start + n], replies[i])
