@@ -1,11 +1,5 @@
-"""``python -m minigpt.viz attention|runs [key=value ...]`` (configs/viz.yaml)::
-
-    python -m minigpt.viz attention ckpt_path=outputs/.../checkpoints/last.ckpt prompt="..." \\
-        layer=0 out=heads.png
-    python -m minigpt.viz attention pretrained=path/to/gpt2 prompt="..." layer=all
-    python -m minigpt.viz runs outputs/RUN_A outputs/RUN_B labels=A,B out=runs.png
-
-The first argument is the command, the bare arguments after ``runs`` are run directories, and
+"""``python -m minigpt.viz attention|runs [key=value ...]`` (configs/viz.yaml; README): the first
+argument is the command, the bare arguments after ``runs`` are run directories, and
 ``runs=a,b`` / ``labels=a,b`` are lists. Hydra neither changes directory nor writes outputs here.
 """
 

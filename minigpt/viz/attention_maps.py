@@ -1,8 +1,6 @@
 """Attention maps: every layer's softmax weights for a prompt, and a PNG grid of heatmaps.
-
-``attention_maps`` runs the model's own ``forward`` with a pre-hook on each attention layer that
-hands its input to ``MultiHeadAttention.attention_weights``: the maps see exactly what training
-and sampling see. matplotlib is imported only when drawing.
+``attention_maps`` runs the model's own ``forward``, a pre-hook on each attention layer handing
+its input to ``MultiHeadAttention.attention_weights``, so the maps see what training sees.
 
 Shape letters: B batch, nh heads, T tokens (queries = keys), L layers.
 """
