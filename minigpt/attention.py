@@ -1,15 +1,7 @@
-"""Fused causal multi-head attention: the block the whole project is built around.
-
-It keeps the constructor of the book's ``MultiHeadAttention`` (Raschka, *Build a Large Language
-Model (From Scratch)*, ch. 3) and its numbers for the same weights, but projects queries, keys
-and values with ONE ``nn.Linear(d_in, 3 * d_out)``, calls ``scaled_dot_product_attention`` with
-``is_causal=True`` on the plain path (no T x T mask), and loads the book's unfused state dict.
-
-Variants, keyword-only and off by default: grouped-query attention (``num_kv_heads``), rotary
-positions (``rope``, ``minigpt.rope``), a sliding window (``window`` or ``scheduled_window``,
-``minigpt.window``), QK-norm (``qk_norm``), and packed documents (``document_ids``,
-``minigpt.documents``). ``forward`` reads top to bottom: project (and normalize), rotate, write
-the KV cache (``minigpt.kv_cache``), attend, project out; it is the only code that attends.
+"""Fused causal multi-head attention: the book's ``MultiHeadAttention`` (Raschka, *Build a Large
+Language Model (From Scratch)*, ch. 3), same constructor and numbers, with ONE ``qkv`` projection
+and ``scaled_dot_product_attention``; it loads the book's unfused state dict. Its variants are
+keyword-only and off by default. ``forward`` is the only code that attends.
 
 Shape letters: B batch, T new tokens, L keys visible (cached + new), nh heads, nkv key/value
 heads, hd head dim, C = d_out = nh * hd.
@@ -35,17 +27,12 @@ class MultiHeadAttention(nn.Module):
 
     Args (the book's): ``d_in``, ``d_out`` (split over ``num_heads``), ``context_length`` (the
     most tokens one forward pass sees), ``dropout`` (on the attention weights), ``num_heads``,
-    ``qkv_bias``. Keyword-only, defaults the book's and GPT-2's:
-        out_bias: bias on the output projection.
-        num_kv_heads: key/value heads, each shared by ``num_heads // num_kv_heads`` query heads
-            (grouped-query attention; the projection and KV cache shrink); None: ``num_heads``.
-        rope: rotate queries and keys by their positions, with ``rope_theta``.
-        window: each query sees its last ``window`` keys only; None: all.
-        scheduled_window: the window is a buffer (``live_window``, full length at first) that
-            ``set_window`` changes between steps without a recompile; decoding with a KV cache
-            attends to everything cached.
-        qk_norm: RMS-normalize each head's queries and keys (no gain, ``qk_norm_eps``) before
-            rope, so a score is set by the angle between query and key, not their lengths.
+    ``qkv_bias``. Keyword-only: ``out_bias`` (on the output projection, as GPT-2); the variants,
+    off by default: ``num_kv_heads`` (grouped-query attention: each key/value head shared by
+    ``num_heads // num_kv_heads`` query heads), ``rope`` (rotary positions, ``rope_theta``),
+    ``window`` (each query sees its last ``window`` keys), ``scheduled_window`` (a window that
+    ``set_window`` changes between steps without a recompile), ``qk_norm`` (RMS-normalized
+    queries and keys, no gain, ``qk_norm_eps``).
     """
 
     def __init__(
@@ -273,9 +260,8 @@ class MultiHeadAttention(nn.Module):
     def _check_inputs(self, x: Tensor, key_padding_mask: Tensor | None,
                       kv_cache: LayerCache | None, document_ids: Tensor | None):
         if x.dim() != 3 or x.shape[-1] != self.d_in:
-            raise ValueError(
-                f"x must have shape (batch, tokens, d_in={self.d_in}), got {tuple(x.shape)}"
-            )
+            raise ValueError(f"x must have shape (batch, tokens, d_in={self.d_in}), got "
+                             f"{tuple(x.shape)}")
         B, T, _ = x.shape
         if kv_cache is not None and kv_cache.window != self.window:
             raise ValueError(f"this KV cache was built for window={kv_cache.window}, the layer "
@@ -290,14 +276,11 @@ class MultiHeadAttention(nn.Module):
             check_context_fits(tokens, self.context_length)
         if key_padding_mask is not None:
             if key_padding_mask.shape != (B, T):
-                raise ValueError(
-                    f"key_padding_mask must have shape (batch, tokens)=({B}, {T}), "
-                    f"got {tuple(key_padding_mask.shape)}"
-                )
+                raise ValueError(f"key_padding_mask must have shape (batch, tokens)=({B}, {T}), "
+                                 f"got {tuple(key_padding_mask.shape)}")
             if key_padding_mask.dtype != torch.bool:
-                raise ValueError(
-                    f"key_padding_mask must be bool (True = padding), got {key_padding_mask.dtype}"
-                )
+                raise ValueError(f"key_padding_mask must be bool (True = padding), got "
+                                 f"{key_padding_mask.dtype}")
 
 
 def _check_sizes(d_in, d_out, context_length, num_heads, dropout) -> list[str]:

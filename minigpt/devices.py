@@ -1,7 +1,5 @@
-"""Which device a command runs on and in which number type: one rule for training and inference
-(``preferred_dtype``: bfloat16 where the hardware multiplies it natively, float16 on GPUs that
-only emulate it, float32 elsewhere), and the device check every command line shares.
-"""
+"""Which device a command runs on (the check every command line shares) and in which number
+type (``preferred_dtype``, one rule for training and inference)."""
 
 from __future__ import annotations
 

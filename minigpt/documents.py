@@ -1,10 +1,7 @@
-"""Document masking: a packed row of several documents, each attending only to itself.
-
-``document_ids`` (B, T) int say which document each token belongs to (a run of equal ids). A
-query sees the keys of its own document up to itself (within the window, if any) and positions
-restart at each document (``document_positions``), so each document computes as if alone.
-Kernels: on CUDA, ``flex_attention`` with a block mask; elsewhere SDPA with a boolean
-(B, 1, T, T) mask (``bench/document_mask.py``). Decoding with a KV cache never comes here.
+"""Document masking: in a packed row of documents (``document_ids`` (B, T) int, a run of equal
+ids each), a query sees the keys of its own document up to itself (within the window, if any)
+and positions restart at each document, so each document computes as if alone. CUDA runs
+``flex_attention`` with a block mask, other devices SDPA with a (B, 1, T, T) mask.
 
 Shape letters: B batch, nh query heads, nkv key/value heads, T tokens, hd head dim.
 """
@@ -16,7 +13,7 @@ import functools
 import torch
 from torch import Tensor
 
-from minigpt.window import finite_rows
+from minigpt.window import finite_rows, window_mask
 
 
 def document_ids_of(idx: Tensor, bos_id: int) -> Tensor:
@@ -61,11 +58,8 @@ def document_mask(document_ids: Tensor, window: int | Tensor | None,
     """(B, 1, T, T) bool, True where a query may attend to a key: same document, causal, within
     the last ``window`` tokens (int or 0-dim tensor; None: any), not padded (``padding`` (B, T))."""
     seg = segments(document_ids)
-    T = seg.shape[1]
-    pos = torch.arange(T, device=seg.device)
-    distance = pos[:, None] - pos[None, :]  # (T, T)
-    allowed = distance >= 0 if window is None else (distance >= 0) & (distance < window)
-    mask = (seg[:, :, None] == seg[:, None, :]) & allowed  # (B, T, T)
+    pos = torch.arange(seg.shape[1], device=seg.device)
+    mask = (seg[:, :, None] == seg[:, None, :]) & window_mask(pos, pos, window)  # (B, T, T)
     if padding is not None:
         mask = mask & ~padding[:, None, :]
     return mask[:, None]  # (B, 1, T, T)
@@ -118,9 +112,8 @@ def _block_mask(document_ids: Tensor, window: int | Tensor | None, padding: Tens
 
 
 class _LastBlockMask:
-    """The last block mask built, reused while the very same inputs ask again: the layers of
-    one forward pass share their batch's mask. The inputs are held, so no new tensor can be
-    mistaken for them."""
+    """The last block mask built, reused while the very same inputs (held, unchanged) ask again:
+    the layers of one forward pass share their batch's mask."""
 
     def __init__(self):
         self.inputs, self.versions, self.mask = None, None, None

@@ -1,12 +1,7 @@
-"""What a dotted path in a config names (``torch.optim.SGD``, ``mypackage.tasks.MyTask``): how
-the extension points (optimizers, data sources, evaluation tasks) find a user's code, and how
-its first use is checked.
-
-Each extension point is one ``ExtensionPoint`` (``EXTENSION_POINTS``, by config key), made
-where it is used: ``load`` imports what the path names and checks that it is the right kind of
-object, ``first_use`` runs the user's code (a call, the first pass over what it returned), and
-``returned`` checks a result. Each failure is one ``ExtensionError`` line naming the config key,
-the path, what was wrong and, for an error raised in the user's code, where.
+"""What a dotted path in a config names (``torch.optim.SGD``, ``mypackage.tasks.MyTask``): each
+extension point (optimizers, data sources, evaluation tasks) is one ``ExtensionPoint`` that
+imports and checks what a path names and runs its first use; each failure is one
+``ExtensionError`` line naming the config key, the path, what was wrong and where.
 """
 
 from __future__ import annotations
@@ -24,19 +19,6 @@ class ExtensionError(ConfigError):
     at its first use; one line naming the key and the fix."""
 
 
-def named_object(path: str, fits: Callable[[object], bool], misfit: str) -> tuple[object, str]:
-    """``(object, "")`` for what ``path`` names (Hydra's ``get_object``) if ``fits(object)``,
-    else ``(None, why)``: the import's error in one phrase, or ``misfit``. The caller words the
-    one-line error, naming its config key."""
-    from hydra.utils import get_object
-
-    try:
-        found = get_object(path)
-    except Exception as e:  # ImportError, AttributeError, ValueError: all say the path is wrong
-        return None, first_line(e, root_cause=True)
-    return (found, "") if fits(found) else (None, misfit)
-
-
 @dataclass(frozen=True)
 class ExtensionPoint:
     """A config key that takes a dotted path: ``kind`` words what it must name (``"a
@@ -49,18 +31,19 @@ class ExtensionPoint:
     fix: str
 
     def load(self, path: str, key: str | None = None) -> object:
-        """What ``path`` names, checked; ``key``: the key that gave it, if not ``self.key``."""
-        why: list[str] = []
+        """What ``path`` names (Hydra's ``get_object``), checked; ``key``: the key that gave it,
+        if not ``self.key``."""
+        from hydra.utils import get_object
 
-        def fits(found: object) -> bool:
-            why.append(self.misfit(found) or "")
-            return not why[-1]
-
-        found, failed = named_object(path, fits, "")
-        if found is None:
-            raise ExtensionError(f"{key or self.key}={path!r} is not {self.kind} "
-                                 f"({failed or why[-1]}): {self.fix}")
-        return found
+        try:
+            found = get_object(path)
+        except Exception as e:  # ImportError, AttributeError, ValueError: all say the path is wrong
+            why = first_line(e, root_cause=True)
+        else:
+            why = self.misfit(found)
+            if not why:
+                return found
+        raise ExtensionError(f"{key or self.key}={path!r} is not {self.kind} ({why}): {self.fix}")
 
     @contextlib.contextmanager
     def first_use(self, path: str, doing: str, key: str | None = None,

@@ -1,9 +1,6 @@
 """Single-field checks of a settings dataclass: each field's type (its annotation) and its rule
-(a range or a set of choices, from one table), reported with the command-line spelling of the
-value (``null``, ``true``).
-
-Plain Python, so the core's ``GPTConfig`` and the application's config schemas share one
-validation: a ``GPTConfig`` built in Python and one composed by Hydra are checked alike.
+(a range or a set of choices, from one table), in the command line's spelling (``null``,
+``true``); shared by the core's ``GPTConfig`` and the application's config schemas.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The GPT-2-style language model: embeddings, pre-LayerNorm blocks, tied LM head.
+"""The GPT-2-style language model: embeddings, pre-LayerNorm blocks, tied LM head (torch only).
 
-The block options of the modern recipe (RMSNorm, QK-norm, ReLU², an untied zero-initialized
-head, zero-initialized output projections, a tanh soft-cap on the logits, value embeddings) are
-``GPTConfig`` fields, each off by default, so ``GPTConfig()`` is GPT-2 exactly. The layers come
-first, then ``GPTConfig`` and ``GPT``; the config's value rules close the module.
-
-Imports torch only: no Lightning, Hydra or wandb here, so the model can be used on its own.
-Shape letters: B batch, T tokens, C = n_embd, V = vocab_size.
+The modern recipe's block options are ``GPTConfig`` fields, each off by default, so
+``GPTConfig()`` is GPT-2 exactly. Shape letters: B batch, T tokens, C = n_embd, V = vocab_size.
 """
 
 from __future__ import annotations
@@ -43,11 +38,8 @@ ACTIVATIONS = {"gelu": gelu_tanh, "relu2": relu_squared}  # GPTConfig.mlp -> act
 
 
 def make_norm(config: GPTConfig) -> nn.Module:
-    """The normalization of ``config.norm`` over C features: GPT-2's LayerNorm, or RMSNorm.
-
-    RMSNorm keeps its learned gain (``elementwise_affine``): one C vector per norm, decayed by
-    nothing and stepped by AdamW, so a block can still scale its branch input as LayerNorm's
-    weight lets it; it has no bias (nothing to centre)."""
+    """The normalization of ``config.norm`` over C features: GPT-2's LayerNorm, or RMSNorm with
+    a learned gain (as LayerNorm's weight) and no bias."""
     C = config.n_embd
     if config.norm == "rmsnorm":
         return nn.RMSNorm(C, eps=config.layer_norm_eps, elementwise_affine=True)
@@ -73,11 +65,9 @@ class FeedForward(nn.Module):
 
 
 class NextTokenLoss(nn.Module):
-    """Mean cross-entropy of the LM head's logits against the targets, in float32, the logits
-    soft-capped first when ``logit_softcap`` is set (in float32, as the softmax).
-
-    A module of its own (with no parameters) so that a hardware speedup can swap in a kernel
-    that never materializes the (B, T, V) logits (``minigpt.cpu.speed_up_training``)."""
+    """Mean cross-entropy of the LM head's logits (soft-capped with ``logit_softcap``) against
+    the targets, in float32. A module of its own so that a speedup can swap in a kernel that
+    never materializes the (B, T, V) logits (``minigpt.cpu.speed_up_training``)."""
 
     def __init__(self, logit_softcap: float | None = None):
         super().__init__()
@@ -171,9 +161,8 @@ class GPTConfig:
         return tuple(range(self.n_layer - 1, -1, -2))[::-1]
 
     def num_params(self, include_position: bool = True) -> int:
-        """Parameters of ``GPT(self)``, a tied head counted once (an untied one is its own
-        V x C); without the position table for ``include_position=False`` (the convention of
-        scaling-law papers). Arithmetic only, so a run can size a model before building it."""
+        """Parameters of ``GPT(self)``, a tied head counted once; without the position table for
+        ``include_position=False`` (scaling-law papers). Arithmetic: no model is built."""
         C, V = self.n_embd, self.vocab_size
         kv_features = self.kv_heads * (C // self.n_head)
         qkv_out = C + 2 * kv_features  # queries, then keys and values of kv_heads heads
@@ -193,9 +182,8 @@ class GPTConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(
-                f"GPTConfig: unknown field(s) {unknown}; valid fields are {sorted(known)}"
-            )
+            raise ValueError(f"GPTConfig: unknown field(s) {unknown}; valid fields are "
+                             f"{sorted(known)}")
         return cls(**dict(values))
 
     def to_dict(self) -> dict:
@@ -207,9 +195,7 @@ class GPTConfig:
         return field_problems(self, GPT_CONFIG_RULES) + self.spanning_problems()
 
     def spanning_problems(self) -> list[str]:
-        """The rules across fields: heads divide the width, key/value heads divide the heads,
-        rope's head dimension is even (each once the sizes it needs are valid), a window
-        schedule grows to the full context."""
+        """The rules across fields (each once the sizes it needs are valid)."""
         problems = [check_window_schedule(self.window_schedule, self.context_length, self.window)]
         sizes = (self.n_head, self.n_embd)
         if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
@@ -225,10 +211,7 @@ class GPTConfig:
 
 class GPT(nn.Module):
     """GPT-2: token + learned position embeddings, ``n_layer`` blocks, final LayerNorm, and an
-    LM head that shares its weight with the token embedding. With ``position="rope"`` there is
-    no position table: the attention rotates queries and keys instead; with ``tie_head=False``
-    the head is a matrix of its own; with ``value_embeddings`` every other layer adds a row of
-    its own (V, key/value features) table, looked up by token id, to its attention's values."""
+    LM head that shares its weight with the token embedding (each as ``GPTConfig`` says)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -253,13 +236,8 @@ class GPT(nn.Module):
 
     def reset_parameters(self) -> None:
         """GPT-2 initialization: N(0, 0.02) everywhere, residual output projections scaled by
-        1/sqrt(2 * n_layer) so the residual stream's variance does not grow with depth.
-
-        Options (after GPT-2's draws, so every other weight is the one GPT-2's init gives):
-        ``zero_init_proj`` zeroes those output projections, so each block starts as the identity
-        and its branch grows from there; an untied head (``tie_head=False``) starts at zero, so
-        the first logits are uniform. Gradients still reach everything after a step: a zero
-        matrix gets the gradient of its output, and passes one back once it has moved."""
+        1/sqrt(2 * n_layer). Then (after GPT-2's draws, so every other weight is GPT-2's)
+        ``zero_init_proj`` zeroes those projections and an untied head starts at zero."""
         std = self.config.init_std
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -292,22 +270,17 @@ class GPT(nn.Module):
         document_ids: Tensor | None = None,
     ) -> Tensor:
         """Logits (B, T, V) for token ids ``idx`` (B, T); (B, 1, V) for the last position only
-        with ``last_only`` (all sampling needs: the LM head is a quarter of GPT-2's weights).
-
-        ``position_ids`` (B, T) defaults to 0..T-1, or with ``kv_cache`` (``new_kv_cache``) to
-        each row's positions after its cached tokens; left-padded batches pass their own so each
-        row's first real token sits at position 0 (the cache continues from them). The same
-        forward serves a prompt and a one-token step, eager or compiled into a CUDA graph.
-        ``document_ids`` (B, T): see ``hidden_states``.
-        """
+        with ``last_only``. ``position_ids`` (B, T) defaults to 0..T-1, or with ``kv_cache``
+        (``new_kv_cache``) to the positions after the cached tokens; left-padded batches pass
+        their own. ``document_ids`` (B, T): see ``hidden_states``."""
         x = self.hidden_states(idx, key_padding_mask, position_ids, kv_cache, document_ids)
         if last_only:
             x = x[:, -1:]  # (B, 1, C)
         return self.logits(x)  # (B, T, V)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """The LM head on final hidden states (..., C) -> (..., V), soft-capped with
-        ``logit_softcap``: the one place logits are made (``forward``, benchmark scoring)."""
+        """The LM head on final hidden states (..., C) -> (..., V), soft-capped: the one place
+        logits are made."""
         return softcap(self.lm_head(hidden), self.config.logit_softcap)
 
     def loss(
@@ -338,11 +311,8 @@ class GPT(nn.Module):
         document_ids: Tensor | None = None,
     ) -> Tensor:
         """The final-LayerNorm output (B, T, C) that the LM head turns into logits.
-
         ``document_ids`` (B, T) int (``document_mask`` models only): ``idx`` is a packed row of
-        documents (``minigpt.documents``); each token attends only to earlier tokens of its own
-        document and positions restart at 0 at each, so every document gets the numbers it would
-        get alone."""
+        documents, each computed as if alone (``minigpt.documents``)."""
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (batch, tokens), got {tuple(idx.shape)}")
         T = idx.shape[1]
@@ -372,9 +342,8 @@ class GPT(nn.Module):
         return self.final_norm(x)
 
     def value_embedding(self, layer: int, idx: Tensor) -> Tensor | None:
-        """Layer ``layer``'s value embedding of ``idx`` (B, T, key/value features), or None
-        for a layer without one. Token identity reaches that layer's values directly, whatever
-        the residual stream has made of it (the modded-nanogpt speedrun, nanochat)."""
+        """Layer ``layer``'s value embedding of ``idx`` (B, T, key/value features), added to its
+        values (the modded-nanogpt speedrun, nanochat), or None for a layer without one."""
         key = str(layer)
         return self.value_embeds[key](idx) if key in self.value_embeds else None
 
@@ -385,8 +354,7 @@ class GPT(nn.Module):
         return self.tok_emb(idx) + self.pos_emb(position_ids)
 
     def attention_layers(self) -> list[MultiHeadAttention]:
-        """Every block's attention, in order: what inspection (attention maps) hooks into, so
-        that no code outside this module depends on how a ``Block`` is put together."""
+        """Every block's attention, in order (what attention maps and window schedules use)."""
         return [block.attn for block in self.blocks]
 
     @property
@@ -426,11 +394,9 @@ class GPT(nn.Module):
         return self.config.num_params(include_position)
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
-        """Training FLOPs per token (forward + backward): 6 N for the weights plus 12 L T C for
-        attention scores and their use (Kaplan et al. 2020; PaLM appendix B), T capped at the
-        window for sliding-window attention. An untied head's token embedding is a lookup, not a
-        matmul, so it does not count (tied, its one matrix counts once, for the head); nor do
-        value embeddings, lookups too. For MFU."""
+        """Training FLOPs per token (forward + backward), for MFU: 6 N for the matmul weights
+        (not lookups: an untied token embedding, value embeddings) plus 12 L T C for attention
+        (Kaplan et al. 2020; PaLM appendix B), T capped at the window."""
         c = self.config
         T = seq_len or c.context_length
         T = T if c.window is None else min(T, c.window)
@@ -444,9 +410,8 @@ class GPT(nn.Module):
     # import this one; these are the entry points nanoGPT and transformers users reach for.
     @classmethod
     def from_pretrained(cls, name_or_path: str, **config_overrides) -> GPT:
-        """A float32 model in eval mode from a Hugging Face GPT-2 checkpoint directory (or hub
-        name, e.g. ``gpt2``). ``config_overrides``: ``dropout``, a shorter ``context_length``,
-        ``init_std`` (see ``minigpt.hf.read_gpt2``)."""
+        """A float32 model in eval mode from a Hugging Face GPT-2 directory or hub name (e.g.
+        ``gpt2``); ``config_overrides``: see ``minigpt.hf.read_gpt2``."""
         from minigpt import hf
 
         fields, state = hf.read_gpt2(name_or_path, **config_overrides)

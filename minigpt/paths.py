@@ -1,17 +1,8 @@
 """Paths a user names, checked before any work: one line for each bad path, naming the config
-key that gave it, the path, what is wrong and the fix.
-
-A schema marks each field that takes a path with ``path_field(kind)`` (dataclass field
-metadata): ``INPUT_FILE``, ``INPUT_DIR``, ``INPUT_FILE_OR_DIR``, ``INPUT_GLOBS`` (files or
-globs), ``OUTPUT_FILE``, ``OUTPUT_DIR``; ``PATHS_INSIDE`` marks a dict field read as another
-dataclass (``data.source_args``), ``NOT_A_PATH`` a field whose name looks like a path but is not.
-``path_problems(settings)`` walks the fields (nested dataclasses too) and checks every value
-given; ``check_paths`` raises what it finds as one ``PathError``.
-
-What can stand at a path: nothing, a regular file, a directory, a symbolic link (to a file, a
-directory, nothing, or itself: ELOOP), a FIFO or a socket (never opened: reading a FIFO blocks),
-something unreadable, or a place on a read-only filesystem. Reading and writing are tried, not
-asked: ``os.access`` says yes to root.
+key that gave it, the path, what is wrong and the fix. A schema marks each path-taking field
+with ``path_field(kind)``; ``check_paths(settings)`` walks the fields (nested dataclasses too).
+Reading and writing are tried, not asked (``os.access`` says yes to root); a FIFO or socket is
+never opened (reading one may block).
 """
 
 from __future__ import annotations
@@ -82,8 +73,8 @@ def path_field(kind: str, default: Any = None, *, default_factory: Any = datacla
 
 
 def no_model_given(settings: Any, _root: Any = None) -> bool:
-    """``when`` of a ``checkpoints_root`` field: read only when neither ``ckpt_path`` nor
-    ``pretrained`` names the model (the newest checkpoint under it is taken then)."""
+    """``when`` of a ``checkpoints_root`` field: neither ``ckpt_path`` nor ``pretrained`` is
+    given."""
     return settings.ckpt_path is None and settings.pretrained is None
 
 
@@ -254,9 +245,8 @@ def _where(path: str) -> str:
 
 
 def output_problem(path: str, kind: str = OUTPUT_FILE) -> str | None:
-    """What is wrong with ``path`` as an output of ``kind``, or None. An output directory may
-    be missing (it is made, with its parents); an output file's directory must exist. Where it
-    would be written, a temporary file is created and removed, proving it writable."""
+    """What is wrong with ``path`` as an output of ``kind``, or None: a missing output directory
+    is made, an output file's directory must exist; writing is proven by a temporary file."""
     absolute = Path(os.path.abspath(path))
     if kind == OUTPUT_DIR:
         if absolute.exists() and not absolute.is_dir():
@@ -355,10 +345,9 @@ def _identity(path: str) -> tuple[int, int]:
 
 
 def glob_files(pattern: str) -> list[str]:
-    """The files ``pattern`` matches, as ``glob.glob(pattern, recursive=True)`` finds them
-    (``*`` and ``?`` within a name, ``**`` any depth, hidden names only when spelled), except
-    that ``**`` enters each directory once by identity: ``glob`` follows a symlink loop until
-    the path is too long, reading the same files again at every turn."""
+    """The files ``pattern`` matches, as ``glob.glob(pattern, recursive=True)`` finds them,
+    except that ``**`` enters each directory once by identity (``glob`` follows a symlink loop
+    until the path is too long)."""
     return [p for p in glob_matches(pattern) if os.path.isfile(p)]
 
 

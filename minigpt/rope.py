@@ -1,9 +1,6 @@
-"""Rotary position embeddings (RoPE, Su et al. 2021), for ``MultiHeadAttention(rope=True)``.
-
-Pair ``(x[i], x[i + hd/2])`` of each query and key head ("rotate half", as GPT-NeoX and Llama)
-turns by ``position * theta**(-2i/hd)``, so a score depends only on the distance between query
-and key: no position table, and shifting a row (left padding) changes nothing. Angles are
-float32, computed from the positions on every call. Shape letters: B batch, h heads, T tokens,
+"""Rotary position embeddings (RoPE, Su et al. 2021), for ``MultiHeadAttention(rope=True)``:
+pair ``(x[i], x[i + hd/2])`` of each query and key head ("rotate half", as GPT-NeoX and Llama)
+turns by ``position * theta**(-2i/hd)``, in float32. Shape letters: B batch, h heads, T tokens,
 hd head dim.
 """
 

@@ -1,8 +1,6 @@
-"""Tokenizers: one small interface over tiktoken encodings and an offline character tokenizer.
-
-``to_dict()`` (plain JSON, what ``meta.json`` and checkpoints store) and ``tokenizer_from_dict``
-round-trip every tokenizer. ``encode`` treats special-token text as ordinary text: ``eot_id``
-is only inserted by the data pipeline, between documents.
+"""Tokenizers: one small interface over tiktoken encodings and an offline character tokenizer,
+round-tripped through plain JSON (``to_dict``, ``tokenizer_from_dict``). ``encode`` treats
+special-token text as ordinary text: only the data pipeline inserts ``eot_id``.
 """
 
 from __future__ import annotations

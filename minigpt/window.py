@@ -1,13 +1,9 @@
 """Sliding-window causal attention: each query sees its last ``window`` keys (itself included).
 
-Training and prompts (``banded_attention``): queries go in chunks of ``C`` tokens, chunk ``j``
-attending to the ``window + C`` keys ending with its last token under one (n, C, window + C)
-mask: memory and work grow as T * (window + C), and no (T, T) mask is built (flex_attention has
-no CPU backward; a dense band mask is slower than full causal SDPA). Decoding: a window layer's
-KV cache is a ring of ``window`` slots (``minigpt.kv_cache``); a chunk after cached tokens gets
-a (T, L) ``window_mask``. A window schedule (``GPTConfig.window_schedule``) grows the window over
-equal shares of training; the layers hold it as a tensor (``follow_window_schedule``), so a
-compiled graph sees data, not a Python int to recompile for.
+``banded_attention`` (training, prompts) takes the queries in chunks of ``C``, each attending to
+the ``window + C`` keys ending with its last token: work and memory grow as T * (window + C), no
+(T, T) mask. A window schedule grows the window over equal shares of training, held by the
+layers as a tensor so a compiled graph does not recompile.
 
 Shape letters: B batch, nh query heads, nkv key/value heads, T tokens, L keys, hd head dim,
 n chunks, C chunk length, W window.
