@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from minigpt.serve.protocol import (
     TokenizeRequest,
     error_body,
 )
-from minigpt.serve.sequence import Event, Sequence
+from minigpt.serve.sequence import Event, Sequence, merge_events
 from minigpt.serve.service import Service
 from minigpt.serve.streams import ChatOutput, CompletionOutput
 
@@ -40,9 +42,10 @@ DISCONNECT_POLL_S = 0.5
 
 
 def create_app(service: Service, *, api_key: str | None = None,
-               max_body_bytes: int = 1_000_000) -> FastAPI:
+               max_body_bytes: int = 1_000_000, stream_interval: float = 0.0) -> FastAPI:
     """The app serving ``service`` (its engine started by the caller). ``api_key``: required
-    as ``Authorization: Bearer <key>`` on every route but ``/`` and ``/health``."""
+    as ``Authorization: Bearer <key>`` on every route but ``/`` and ``/health``;
+    ``stream_interval``: see ``EventPipe``."""
     app = FastAPI(title="minigpt", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
@@ -64,17 +67,19 @@ def create_app(service: Service, *, api_key: str | None = None,
 
     @app.post("/v1/completions", dependencies=[authorized])
     async def completions(body: CompletionRequest, request: Request):
-        queue, sequences = _submit(service, lambda sink: service.completion_sequences(body, sink))
+        pipe, sequences = _submit(service, lambda sink: service.completion_sequences(body, sink),
+                                  stream_interval)
         output = CompletionOutput(service.name, body.n, echo=body.echo,
                                   logprobs=body.logprobs is not None)
-        return await _respond(request, queue, sequences, output, body.stream,
+        return await _respond(request, pipe, sequences, output, body.stream,
                               body.stream_options is not None and body.stream_options.include_usage)
 
     @app.post("/v1/chat/completions", dependencies=[authorized])
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        queue, sequences = _submit(service, lambda sink: service.chat_sequences(body, sink))
+        pipe, sequences = _submit(service, lambda sink: service.chat_sequences(body, sink),
+                                  stream_interval)
         output = ChatOutput(service.name, body.n, logprobs=body.logprobs)
-        return await _respond(request, queue, sequences, output, body.stream,
+        return await _respond(request, pipe, sequences, output, body.stream,
                               body.stream_options is not None and body.stream_options.include_usage)
 
     @app.get("/tokenizer_info", dependencies=[authorized])
@@ -103,17 +108,52 @@ def create_app(service: Service, *, api_key: str | None = None,
     return app
 
 
-def _submit(service: Service, make) -> tuple[asyncio.Queue, list[Sequence]]:
-    """The request's sequences, queued in the engine; their events arrive on the queue."""
-    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+class EventPipe:
+    """A request's events, from the engine's thread (``put``) to the event loop (``get``).
 
-    def sink(event: Event) -> None:  # called in the engine's thread
+    The event loop is woken for a sequence's first event and its last at once, and for the
+    others at most every ``interval`` seconds, with all that arrived since: each wake-up and
+    each write costs the engine's thread the interpreter lock, so streaming several tokens an
+    event frees it for decoding. ``interval`` 0: every event wakes it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float):
+        self.loop, self.interval = loop, interval
+        self._lock = threading.Lock()
+        self._events: list[Event] = []
+        self._started: set[int] = set()  # indices that sent their first event
+        self._woken_at = -float("inf")
+        self._waking = False  # a wake-up is scheduled and not yet collected
+        self._ready = asyncio.Event()
+
+    def put(self, event: Event) -> None:  # the engine's thread
+        now = time.monotonic()
+        with self._lock:
+            self._events.append(event)
+            urgent = event.finish_reason is not None or event.index not in self._started
+            self._started.add(event.index)
+            if self._waking or not urgent and now - self._woken_at < self.interval:
+                return
+            self._waking, self._woken_at = True, now
         try:
-            loop.call_soon_threadsafe(queue.put_nowait, event)
+            self.loop.call_soon_threadsafe(self._ready.set)
         except RuntimeError:  # the event loop is closed (shut down): no one is listening
             pass
 
-    sequences = make(sink)
+    async def get(self) -> list[Event]:
+        """The events that arrived since the last call (waits for at least one)."""
+        while True:
+            with self._lock:
+                events, self._events, self._waking = self._events, [], False
+            if events:
+                return events
+            self._ready.clear()
+            await self._ready.wait()
+
+
+def _submit(service: Service, make, interval: float) -> tuple[EventPipe, list[Sequence]]:
+    """The request's sequences, queued in the engine; their events arrive through the pipe."""
+    pipe = EventPipe(asyncio.get_running_loop(), interval)
+    sequences = make(pipe.put)
     try:
         service.engine.submit(sequences)
     except QueueFull as e:
@@ -122,26 +162,27 @@ def _submit(service: Service, make) -> tuple[asyncio.Queue, list[Sequence]]:
     except RuntimeError as e:
         raise APIError(503, f"the server is shutting down ({e})", type="server_error",
                        code="unavailable") from None
-    return queue, sequences
+    return pipe, sequences
 
 
-async def _respond(request: Request, queue: asyncio.Queue, sequences: list[Sequence], output,
+async def _respond(request: Request, pipe: EventPipe, sequences: list[Sequence], output,
                    stream: bool, include_usage: bool):
     if stream:
-        return StreamingResponse(_stream(queue, sequences, output, include_usage),
+        return StreamingResponse(_stream(pipe, sequences, output, include_usage),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     try:
         unfinished = len(sequences)
         while unfinished:
             try:
-                event = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+                events = await asyncio.wait_for(pipe.get(), DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
                     return None
                 continue
-            output.add(event)
-            unfinished -= event.finish_reason is not None
+            for event in events:
+                output.add(event)
+                unfinished -= event.finish_reason is not None
         if output.failed:
             raise APIError(500, "the engine failed while decoding this request",
                            type="server_error")
@@ -150,21 +191,25 @@ async def _respond(request: Request, queue: asyncio.Queue, sequences: list[Seque
         _cancel(sequences)
 
 
-async def _stream(queue: asyncio.Queue, sequences: list[Sequence], output,
+async def _stream(pipe: EventPipe, sequences: list[Sequence], output,
                   include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events: a chunk per event; the usage chunk if asked; ``[DONE]``. A client
-    that disconnects ends this generator (cancelled): its sequences are cancelled."""
+    """Server-sent events: a chunk per choice per wake-up (its events merged); the usage chunk
+    if asked; ``[DONE]``. A client that disconnects ends this generator (cancelled): its
+    sequences are cancelled."""
     try:
         unfinished = len(sequences)
         for chunk in output.opening():
             yield _sse(chunk)
         while unfinished:
-            event = await queue.get()
-            output.add(event)
-            unfinished -= event.finish_reason is not None
-            chunk = output.chunk(event)
-            if chunk is not None:
-                yield _sse(chunk)
+            chunks = []
+            for event in merge_events(await pipe.get()):
+                output.add(event)
+                unfinished -= event.finish_reason is not None
+                chunk = output.chunk(event)
+                if chunk is not None:
+                    chunks.append(_sse(chunk))
+            if chunks:
+                yield "".join(chunks)
         if include_usage:
             yield _sse(output.usage_chunk())
         yield "data: [DONE]\n\n"

@@ -28,12 +28,13 @@ class ServeSchema:
     api_key: str | None = None  # null: MINIGPT_API_KEY, else no key (loopback only)
     device: str = "auto"
     dtype: str = "auto"
-    cpu_speedups: Any = False  # auto: packed for one row (minigpt.cpu); slower for a batch
+    cpu_speedups: Any = "auto"  # generate.py's CPU weight layouts (minigpt.cpu); false: plain
     cuda_graphs: bool = True  # a GPU's decode steps replay CUDA graphs (minigpt.serve.graphs)
     max_batch: int = 16  # requests decoded together
     max_queue: int = 64  # requests waiting for a row; more get 429
     max_tokens: int = 4096  # the most new tokens one request may ask for
     max_body_bytes: int = 1_000_000  # a larger request body gets 413
+    stream_interval: float = 0.02  # seconds between a stream's events (the first and last: at once)
     shutdown_timeout: float = 10.0  # seconds SIGTERM waits for requests in flight
     log_level: str = "info"  # uvicorn's: critical | error | warning | info | debug
 
@@ -42,6 +43,7 @@ AT_LEAST_1 = Range(1)
 SERVE_RULES = {
     "port": Range(0, 65535), "max_batch": AT_LEAST_1, "max_queue": AT_LEAST_1,
     "max_tokens": AT_LEAST_1, "max_body_bytes": Range(1024), "shutdown_timeout": Range(0),
+    "stream_interval": Range(0, 10),
     "dtype": OneOf(DTYPES), "cpu_speedups": OneOf(("auto", False)),
     "cuda_graphs": OneOf((True, False)),
     "log_level": OneOf(("critical", "error", "warning", "info", "debug")),

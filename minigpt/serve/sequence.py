@@ -55,6 +55,24 @@ class Event:
     completion_tokens: int = 0
 
 
+def merge_events(events: list[Event]) -> list[Event]:
+    """``events`` with each run of one sequence's consecutive events merged into one (text and
+    logprobs joined; the last one's end)."""
+    merged: list[Event] = []
+    for event in events:
+        last = merged[-1] if merged else None
+        if last is None or last.index != event.index or last.finish_reason is not None:
+            merged.append(Event(event.index, event.text, list(event.logprobs),
+                                event.finish_reason, event.prompt_tokens,
+                                event.completion_tokens))
+            continue
+        last.text += event.text
+        last.logprobs += event.logprobs
+        last.finish_reason = event.finish_reason
+        last.prompt_tokens, last.completion_tokens = event.prompt_tokens, event.completion_tokens
+    return merged
+
+
 class StopText:
     """Text held back while it could be the start of one of ``stops``."""
 

@@ -104,7 +104,8 @@ def run(settings: ServeSchema) -> None:
     check_address(settings.host, settings.port)
     service = load_service(settings)
     app = create_app(service, api_key=api_key_of(settings),
-                     max_body_bytes=settings.max_body_bytes)
+                     max_body_bytes=settings.max_body_bytes,
+                     stream_interval=settings.stream_interval)
     config = uvicorn.Config(app, host=settings.host, port=settings.port,
                             timeout_graceful_shutdown=settings.shutdown_timeout,
                             log_level=settings.log_level, access_log=False)
@@ -112,8 +113,8 @@ def run(settings: ServeSchema) -> None:
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler
     # it found: this one, so that a requested stop exits 0
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    # the engine thread and the event loop hand the interpreter to each other every token:
-    # a shorter switch interval than Python's 5 ms keeps either from waiting on the other
+    # the engine thread and the event loop hand the interpreter to each other: a shorter
+    # switch interval than Python's 5 ms keeps either from waiting long on the other
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     service.engine.start()
     try:
@@ -129,7 +130,8 @@ class ThreadedServer:
     and benchmarks: ``with serve_in_thread(service) as server: server.url``."""
 
     def __init__(self, service: Service, *, api_key: str | None = None,
-                 max_body_bytes: int = 1_000_000, shutdown_timeout: float = 2.0):
+                 max_body_bytes: int = 1_000_000, shutdown_timeout: float = 2.0,
+                 stream_interval: float = 0.0):
         import uvicorn
 
         from minigpt.serve.app import create_app
@@ -139,7 +141,8 @@ class ThreadedServer:
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
-        app = create_app(service, api_key=api_key, max_body_bytes=max_body_bytes)
+        app = create_app(service, api_key=api_key, max_body_bytes=max_body_bytes,
+                         stream_interval=stream_interval)
         self.server = uvicorn.Server(uvicorn.Config(
             app, log_level="warning", access_log=False,
             timeout_graceful_shutdown=shutdown_timeout))

@@ -40,9 +40,11 @@ def start_server():
     ``.service``); every server started is stopped after the test."""
     servers = []
 
-    def start(checkpoint, *, api_key=None, max_body_bytes=1_000_000, **overrides):
+    def start(checkpoint, *, api_key=None, max_body_bytes=1_000_000, stream_interval=0.0,
+              **overrides):
         service = load_service(settings_for(checkpoint, **overrides))
-        server = serve_in_thread(service, api_key=api_key, max_body_bytes=max_body_bytes)
+        server = serve_in_thread(service, api_key=api_key, max_body_bytes=max_body_bytes,
+                                 stream_interval=stream_interval)
         servers.append(server.__enter__())
         return server
 

@@ -3,6 +3,7 @@ path, run here on the same checkpoint and prompt), alone and as one of 8 concurr
 with different prompts and lengths."""
 
 import io
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -48,3 +49,26 @@ def test_greedy_alone_and_in_a_batch_equal_generate_py(base_checkpoint, base_ser
         assert r["usage"]["completion_tokens"] <= n
         assert (r["choices"][0]["finish_reason"] == "length") == \
             (r["usage"]["completion_tokens"] == n)
+
+
+def streamed_texts(url: str, prompt: str, max_tokens: int) -> list[str]:
+    """The text of each server-sent event of a streamed greedy completion."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    texts = []
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                texts += [c["text"] for c in json.loads(line[6:])["choices"] if c["text"]]
+    return texts
+
+
+def test_a_stream_sends_the_tokens_of_an_interval_together(base_checkpoint, start_server):
+    """stream_interval: the first token goes out at once, the others at most every interval
+    (here longer than the request: all with the end); the text is generate.py's either way."""
+    expected = generate_py(base_checkpoint, PROMPTS[2], LENGTHS[2])
+    every_token = start_server(base_checkpoint)
+    assert "".join(streamed_texts(every_token.url, PROMPTS[2], LENGTHS[2])) == expected
+    together = start_server(base_checkpoint, stream_interval=10.0)
+    texts = streamed_texts(together.url, PROMPTS[2], LENGTHS[2])
+    assert "".join(texts) == expected
+    assert len(texts) == 2 and len(texts[0]) == 1  # the first token, then the rest at the end
