@@ -1,21 +1,7 @@
-"""Memory: will a training step fit, how large a micro-batch fits, and an out-of-memory error in
-one line. Estimated from the config before any heavy work.
-
-``estimate_training_memory`` is pure arithmetic on the model config, micro-batch, precision and
-optimizer: weights, gradients, AdamW's two moments, the activations kept for backward, and the
-LM-head loss's logits (or its chunks). ``check_run_fits`` compares the estimate with the memory
-the process may use (``memory_limit``: the device's, capped by ``trainer.memory_budget``) and
-refuses with one line that gives both numbers and the settings that would fit.
-``bench/memory.py`` measures real peaks against it (``bench/README.md`` has the errors).
-
-``largest_that_fits`` takes a ``fits(n)`` answer that is true up to some size and false above
-it, and finds that size with few questions (doubling, then bisecting): the preflight's estimate
-against the memory, or a real training step at that size (``data.batch_size=auto`` on CUDA,
-``minigpt.train.plan``).
-
-Out of memory in the middle of a run is answered in one line (``out_of_memory_as_resource_error``):
-the step, the peak, the settings that would fit, and the command that resumes from the last
-checkpoint (which the failed step never touched: checkpoints are written whole, between steps).
+"""Memory: will a training step fit (``estimate_training_memory``, arithmetic on the config;
+``check_run_fits`` against the memory the process may use, capped by ``trainer.memory_budget``),
+the largest size that fits (``largest_that_fits``), and an out-of-memory error mid-run as one
+line. ``bench/memory.py`` measures real peaks against the estimate.
 
 Shape letters: B micro-batch, T context, C n_embd, L n_layer, V vocabulary, P parameters.
 """
@@ -79,13 +65,9 @@ def estimate_training_memory(model: GPTConfig | dict, batch_size: int, *,
                              shards: int = 1,
                              activation_checkpointing: str = "none") -> MemoryEstimate:
     """Peak bytes of one forward + backward + AdamW step of a ``GPTConfig`` (or a dict of some
-    of its fields, the rest at their defaults).
-
-    ``precision``: Lightning's name (``32-true``, ``bf16-mixed``, ``16-mixed``, ``bf16-true``).
-    ``shards``: processes that FSDP shards weights, gradients and optimizer state over.
-    ``chunked_loss``: the LM-head loss of ``minigpt.cpu`` (no full logits) instead of plain
-    cross-entropy on (B, T, V) logits. ``activation_checkpointing``: ``none``, ``blocks`` or
-    ``selective`` (``trainer.activation_checkpointing``), on any strategy."""
+    of its fields). ``precision``: Lightning's name; ``shards``: the processes FSDP shards over;
+    ``chunked_loss``: ``minigpt.cpu``'s LM-head loss (no full (B, T, V) logits);
+    ``activation_checkpointing``: ``none``, ``blocks`` or ``selective``."""
     m = model if isinstance(model, GPTConfig) else GPTConfig(**model)
     L, C, V, T = m.n_layer, m.n_embd, m.vocab_size, m.context_length
     P = m.num_params()
@@ -123,8 +105,8 @@ def _loss_bytes(tokens: int, C: int, V: int, act_bytes: int, chunked: bool) -> i
 
 def check_memory(estimate: MemoryEstimate, available: int, where: str, knobs: dict,
                  fits: str = "") -> None:
-    """Refuse a step that will not fit: the estimate, the limit, what would fit (``fits``, a
-    phrase) and the knobs (``{name: value}`` of the settings that shrink a step), in one line."""
+    """Refuse a step that will not fit, in one line: the estimate, the limit, what would fit
+    (``fits``, a phrase) and the knobs (``{name: value}`` of the settings that shrink a step)."""
     if estimate.total <= available:
         return
     settings = ", ".join(f"{k}={v}" for k, v in knobs.items())
@@ -139,20 +121,9 @@ def check_memory(estimate: MemoryEstimate, available: int, where: str, knobs: di
 
 # The setting that recomputes each block's activations in backward.
 CHECKPOINTING_SETTING = "trainer.activation_checkpointing=blocks"
-
-
-def available_memory(accelerator: str, processes_per_device: int = 1) -> tuple[int, str]:
-    """Bytes a training process may use and where: free GPU memory, or the host's available
-    RAM split over the processes sharing it."""
-    if accelerator == "gpu" and torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info()
-        return free, f"GPU {torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
-    available = _host_available()
-    left = cgroup_memory_left()  # a container's limit ends the process before the host is full
-    if left is not None:
-        available = min(available, left)
-    return available // max(1, processes_per_device), "this machine's RAM" + (
-        f" (per process, {processes_per_device} processes)" if processes_per_device > 1 else "")
+# A size chosen from the estimate keeps this much room above it: the estimate aims to be within
+# 15% of the measured peak, so a step that measures above it still fits.
+ESTIMATE_HEADROOM = 1.15
 
 
 def _host_available() -> int:
@@ -179,31 +150,36 @@ def vocab_before_data(tokenizer_name: str) -> int:
 
 def plan_estimate(plan, model: dict, batch_size: int, *,
                   activation_checkpointing: str | None = None) -> MemoryEstimate:
-    """``estimate_training_memory`` of one step of a run's plan (``minigpt.train.plan.RunPlan``)
-    at micro-batch ``batch_size``; ``activation_checkpointing`` (a mode): the plan's unless
-    given."""
-    if activation_checkpointing is None:
-        activation_checkpointing = plan.activation_checkpointing
+    """``estimate_training_memory`` of a step of the plan (``minigpt.train.plan.RunPlan``) at
+    micro-batch ``batch_size``, in the plan's activation checkpointing mode unless given."""
     return estimate_training_memory(
         model, batch_size, precision=plan.precision, chunked_loss=plan.chunked_loss,
         shards=plan.world_size if plan.fsdp else 1,
-        activation_checkpointing=activation_checkpointing)
+        activation_checkpointing=activation_checkpointing or plan.activation_checkpointing)
 
 
 def memory_limit(plan) -> tuple[int, str]:
-    """Bytes one process of the plan may use for a step, and where they are: the device's
-    available memory (the host's split over the processes sharing it), capped by
-    ``trainer.memory_budget``."""
-    processes = plan.world_size // plan.num_nodes  # the processes sharing one machine's RAM
-    available, where = available_memory(plan.accelerator,
-                                        processes if plan.accelerator == "cpu" else 1)
-    return within_budget(available, where, plan.memory_budget)
+    """Bytes one process of the plan may use for a step, and where: free GPU memory, or the
+    host's available RAM (within a container's limit) split over the processes sharing it;
+    capped by ``trainer.memory_budget``."""
+    if plan.accelerator == "gpu" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        where = f"GPU {torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
+        return within_budget(free, where, plan.memory_budget)
+    # the processes sharing one machine's RAM
+    processes = max(1, plan.world_size // plan.num_nodes if plan.accelerator == "cpu" else 1)
+    available = _host_available()
+    left = cgroup_memory_left()  # a container's limit ends the process before the host is full
+    if left is not None:
+        available = min(available, left)
+    where = "this machine's RAM" + (
+        f" (per process, {processes} processes)" if processes > 1 else "")
+    return within_budget(available // processes, where, plan.memory_budget)
 
 
 def check_run_fits(plan, model: dict) -> None:
-    """``check_memory`` for a run's plan and the model it builds (a GPTConfig dict), on the
-    device the run will use; a refusal names the largest micro-batch and the activation
-    checkpointing that would fit."""
+    """``check_memory`` for a run's plan and the model it builds (a GPTConfig dict); a refusal
+    names the largest micro-batch and the activation checkpointing that would fit."""
     batch_size = plan.batch.batch_size
     estimate = plan_estimate(plan, model, batch_size)
     available, where = memory_limit(plan)
@@ -213,10 +189,9 @@ def check_run_fits(plan, model: dict) -> None:
 
 
 def what_fits(plan, model: dict, available: int) -> str:
-    """A phrase naming the settings whose estimated step fits in ``available`` bytes: the
-    largest smaller micro-batch that still reaches the plan's tokens per step, and the largest
-    micro-batch with each activation checkpointing mode that keeps less than the plan's (where
-    it fits more than the options before it)."""
+    """A phrase naming what fits in ``available`` bytes at the plan's tokens per step: the
+    largest smaller micro-batch, and each activation checkpointing mode that keeps less and
+    fits more than the ones before it."""
     batch = plan.batch
     rows = batch.batch_size * batch.accumulate  # per process and step: the sizes that divide them
 
@@ -247,8 +222,7 @@ FRUGAL_MODES = ("none", "selective", "blocks")
 
 def cgroup_memory_left(root: str | Path = "/sys/fs/cgroup") -> int | None:
     """Bytes this process's control group may still allocate (its limit minus its usage), or
-    ``None`` without a limit. A container's limit kills the process before ``MemAvailable``
-    says the machine is full."""
+    ``None`` without a limit."""
     root = Path(root)
     for limit_file, usage_file in (("memory.max", "memory.current"),  # cgroup v2
                                    ("memory/memory.limit_in_bytes",  # cgroup v1
@@ -273,9 +247,8 @@ def within_budget(available: int, where: str, budget: int | None) -> tuple[int, 
 
 def largest_that_fits(fits: Callable[[int], bool], upper: int) -> int:
     """The largest ``n`` in ``[1, upper]`` with ``fits(n)``, for a ``fits`` that holds up to some
-    size and fails above it; 0 when even 1 does not fit. Asks ``fits`` about 1, 2, 4, ... until
-    one fails, then bisects between the last that fit and the first that did not: about
-    2 log2(n) questions, each size at most once."""
+    size and fails above it; 0 when even 1 does not fit. Doubles, then bisects: about 2 log2(n)
+    questions, each size asked at most once."""
     if upper < 1 or not fits(1):
         return 0
     good, bad = 1, None  # the largest size known to fit, the smallest known not to
@@ -299,10 +272,10 @@ def largest_that_fits(fits: Callable[[int], bool], upper: int) -> int:
 def fits_when_tried(try_size: Callable[[int], bool | None],
                     release: Callable[[], None] = lambda: None,
                     agree: Callable[[bool], bool] = lambda fit: fit) -> Callable[[int], bool]:
-    """A ``fits(n)`` for ``largest_that_fits`` that runs ``try_size(n)``: it fits unless that
-    raises ``torch.OutOfMemoryError`` or returns False. ``release()`` runs after every try, once
-    the error (whose traceback holds the try's tensors) is gone, so each try starts from the
-    same memory; ``agree(fit)`` makes every process give the same answer."""
+    """A ``fits(n)`` for ``largest_that_fits``: ``try_size(n)`` fits unless it raises
+    ``torch.OutOfMemoryError`` or returns False. ``release()`` runs after every try, once the
+    error (whose traceback holds the try's tensors) is gone; ``agree(fit)`` makes every process
+    give the same answer."""
 
     def fits(n: int) -> bool:
         try:
@@ -323,29 +296,17 @@ def largest_divisor_at_most(rows: int, limit: int) -> int:
 
 # ---- out of memory in the middle of a run -------------------------------------------------------
 
-# The smaller micro-batch keeps this much room below the limit: the step that failed showed
-# the estimate is short on this machine.
-HEADROOM = 1.15
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """A CUDA out-of-memory error, or the CPU allocator giving up."""
-    return isinstance(error, torch.OutOfMemoryError) or \
-        isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
-
-
 @contextlib.contextmanager
 def out_of_memory_as_resource_error(loop):
-    """Around ``loop.fit()``: an out-of-memory error becomes a ``ResourceError`` (exit status 2
-    from ``train.py``) whose one line names the step, the peak memory, what would fit and how
-    to resume."""
+    """Around ``loop.fit()``: an out-of-memory error (CUDA's, or the CPU allocator giving up)
+    becomes a ``ResourceError`` whose one line names the step, the peak memory, what would fit
+    and how to resume."""
     try:
         yield
     except (torch.OutOfMemoryError, RuntimeError) as e:
-        if not is_out_of_memory(e):
+        if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
             raise
-        message = out_of_memory_message(loop, e)
-        raise ResourceError(message) from None
+        raise ResourceError(out_of_memory_message(loop, e)) from None
 
 
 def out_of_memory_message(loop, error: BaseException) -> str:
@@ -373,15 +334,15 @@ def out_of_memory_message(loop, error: BaseException) -> str:
 
 
 def smaller_batch_size(plan, model: dict) -> int:
-    """The largest micro-batch below the plan's that still divides the rows each process sees
-    per step and whose step fits, from the preflight's estimate scaled up so that the micro-
-    batch that failed needs at least the memory there is; 0 when none does."""
+    """The largest micro-batch below the plan's that divides the rows each process sees per step
+    and whose estimate, scaled so that the failed micro-batch needed at least all there is, fits
+    with ``ESTIMATE_HEADROOM``; 0 when none does."""
     batch = plan.batch
     available, _ = memory_limit(plan)
     failed = plan_estimate(plan, model, batch.batch_size).total
     scale = max(1.0, available / failed)  # the failed step needed at least all there was
     found = largest_that_fits(
-        lambda n: plan_estimate(plan, model, n).total * scale * HEADROOM <= available,
+        lambda n: plan_estimate(plan, model, n).total * scale * ESTIMATE_HEADROOM <= available,
         batch.batch_size - 1)
     return largest_divisor_at_most(batch.batch_size * batch.accumulate, found) if found else 0
 

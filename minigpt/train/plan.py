@@ -1,25 +1,6 @@
-"""The run's plan: device, precision, compile, CPU speedups, processes and the global batch.
-The memory preflight, the CPU speedups, the loop and the run's description all read this one
-object, so no two of them can derive a setting differently.
-
-Resolved in the order the facts arrive: ``resolve_plan`` from the config and the machine (what
-Fabric is built from), ``for_world`` once Fabric knows the processes (the batch; on resume the
-checkpoint's global batch), ``choose_batch`` once the model and its optimizers exist
-(``data.batch_size=auto``). The loop is built with the final plan and never changes it.
-
-``data.tokens_per_step`` is the recipe's batch in tokens (nanoGPT's ~0.5M for GPT-2 small). The
-gradient accumulation that reaches it is derived here from the micro-batch, the context and the
-number of processes, so one command line trains the same recipe on 1, 8 or 64 GPUs.
-
-``data.batch_size=auto``: the largest micro-batch that fits. On CUDA it is measured: two forward
-+ backward + optimizer steps of the run's own model, strategy and optimizers at each candidate
-size (``minigpt.train.memory.largest_that_fits``), an out-of-memory error caught and the memory
-released after each, keeping a share of the memory free. Elsewhere it comes from the
-preflight's estimate against the memory the process may use. ``trainer.memory_budget`` caps
-both. With ``data.tokens_per_step`` the micro-batch is rounded down to divide the rows each
-process sees per step, and the accumulation is derived from it: one command line is the same
-recipe on a small and a large card. Until it is chosen the plan holds micro-batch 1 (what must
-fit at the least).
+"""The run's plan: device, precision, compile, CPU speedups, processes and the global batch
+(the accumulation derived from ``data.tokens_per_step``; ``data.batch_size=auto`` measured on
+CUDA, estimated elsewhere), resolved once before the loop is built and read by everything else.
 
 Shape letters: B micro-batch, T context.
 """
@@ -31,12 +12,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from minigpt.config import TrainerSchema, TrainSchema
+from minigpt.config import TrainSchema
 from minigpt.config.rules import parse_memory_budget
 from minigpt.config.schema import ActivationCheckpointing
 from minigpt.errors import ConfigError, ResourceError
 from minigpt.train.device import compile_enabled, default_precision, resolve_accelerator
 from minigpt.train.memory import (
+    ESTIMATE_HEADROOM,
     GiB,
     check_run_fits,
     fits_when_tried,
@@ -48,9 +30,6 @@ from minigpt.train.memory import (
 
 # The largest micro-batch tried without data.tokens_per_step (which bounds it otherwise).
 MAX_MICRO_BATCH = 4096
-# A size chosen from the estimate keeps this much room above it: the estimate aims to be within
-# 15% of the measured peak, so a step that measures above it still fits.
-ESTIMATE_HEADROOM = 1.15
 # A measured step's peak may use this fraction of the device's memory: the rest is for what a
 # few trial steps do not show (the allocator's fragmentation over a long run, other processes).
 MEASURED_SHARE = 0.9
@@ -111,9 +90,8 @@ def batch_plan(tokens_per_step: int | None, accumulate: int, batch_size: int,
 
 @dataclass(frozen=True)
 class RunPlan:
-    """Everything about how a run trains that is derived from the config and the machine. The
-    batch needs the number of processes, which Fabric knows once built from the rest:
-    ``resolve_plan`` leaves it out until ``for_world`` adds it (see the module docstring)."""
+    """Everything about how a run trains that is derived from the config and the machine;
+    ``batch`` needs the number of processes, which Fabric knows once built from the rest."""
 
     accelerator: str  # "cpu", "gpu", or another Lightning accelerator name
     precision: str  # Lightning's name: "bf16-mixed", "16-mixed", "32-true", ...
@@ -153,9 +131,8 @@ class RunPlan:
         return self.tokens_per_step // (self.context_length * self.world_size)
 
     def with_world(self, world_size: int) -> RunPlan:
-        """The plan with its batch for ``world_size`` processes; a ``ConfigError`` when the tokens
-        per step do not divide. Under ``auto`` the batch holds micro-batch 1 (what must fit at
-        the least) until ``with_batch_size``."""
+        """The plan with its batch for ``world_size`` processes (under ``auto``: micro-batch 1,
+        what must fit at the least); a ``ConfigError`` when the tokens per step do not divide."""
         micro = 1 if self.auto_batch else self.batch_size
         return replace(self, batch=batch_plan(self.tokens_per_step, self.accumulate, micro,
                                               self.context_length, world_size))
@@ -163,12 +140,6 @@ class RunPlan:
     def with_batch_size(self, batch_size: int) -> RunPlan:
         """The plan with micro-batch ``batch_size`` (and the accumulation derived from it)."""
         return replace(self, batch_size=batch_size).with_world(self.world_size)
-
-    def with_tokens_per_step(self, tokens_per_step: int) -> RunPlan:
-        """The plan reaching ``tokens_per_step`` tokens per step, as ``data.tokens_per_step``
-        would (a resume keeping its checkpoint's global batch)."""
-        plan = replace(self, tokens_per_step=tokens_per_step)
-        return plan if self.batch is None else plan.with_world(self.world_size)
 
     @property
     def fsdp(self) -> bool:
@@ -180,17 +151,13 @@ class RunPlan:
         return self.cpu_speedups and not self.compile and not self.precision.startswith("16")
 
 
-def checkpointing_mode(trainer: TrainerSchema) -> str:
-    """``trainer.activation_checkpointing``'s value; the old ``trainer.fsdp.activation_checkpointing
-    =true`` means ``blocks``."""
-    mode = ActivationCheckpointing(trainer.activation_checkpointing).value
-    return "blocks" if mode == "none" and trainer.fsdp.activation_checkpointing else mode
-
-
 def resolve_plan(train: TrainSchema, world_size: int | None = None) -> RunPlan:
     """The plan for a training config; with ``world_size``, its batch too (``with_world``)."""
     t = train.trainer
     accelerator = resolve_accelerator(t.accelerator)
+    checkpointing = ActivationCheckpointing(t.activation_checkpointing).value
+    if checkpointing == "none" and t.fsdp.activation_checkpointing:  # the old name for blocks
+        checkpointing = "blocks"
     plan = RunPlan(
         accelerator=accelerator,
         precision=str(t.precision or default_precision(accelerator)),
@@ -204,7 +171,7 @@ def resolve_plan(train: TrainSchema, world_size: int | None = None) -> RunPlan:
         log_every=t.log_every_n_steps,
         limit_val_batches=t.limit_val_batches,
         sharded_checkpoints=t.strategy == "fsdp" and t.fsdp.state_dict_type == "sharded",
-        activation_checkpointing=checkpointing_mode(t),
+        activation_checkpointing=checkpointing,
         tokens_per_step=train.data.tokens_per_step,
         accumulate=t.accumulate_grad_batches,
         batch_size=train.data.batch_size,
@@ -227,8 +194,7 @@ class BatchChoice:
 
 def choose_from_estimate(plan: RunPlan, model: dict) -> BatchChoice:
     """The largest micro-batch whose estimated step, with ``ESTIMATE_HEADROOM``, fits in the
-    memory the process may use (``preflight.memory_limit``); a ``ResourceError`` (the
-    preflight's refusal) when not even one row fits."""
+    memory the process may use; the preflight's ``ResourceError`` when not even one row fits."""
     available, where = memory_limit(plan)
     found = largest_that_fits(
         lambda n: plan_estimate(plan, model, n).total * ESTIMATE_HEADROOM <= available,
@@ -236,23 +202,24 @@ def choose_from_estimate(plan: RunPlan, model: dict) -> BatchChoice:
     if not found:
         check_run_fits(plan.with_batch_size(1), model)  # refuses unless 1 fits without headroom
         found = 1
-    size = _rounded(plan, found)
+    size, rounding = _rounded(plan, found)
     estimate = plan_estimate(plan, model, size).total
     return BatchChoice(size, f"its estimated step, {estimate / GiB:.2f} GiB (+"
                              f"{ESTIMATE_HEADROOM - 1:.0%} headroom), fits the "
-                             f"{available / GiB:.2f} GiB of {where}{_rounding(plan, found, size)}")
+                             f"{available / GiB:.2f} GiB of {where}{rounding}")
 
 
 def choose_by_measuring(fabric, plan: RunPlan, module, optimizers: dict,
                         vocab_size: int) -> BatchChoice:
-    """The largest micro-batch whose training step runs on the device with room to spare: two
-    steps (forward, backward, a step of each optimizer of ``module``, set up by ``fabric``) on
-    random tokens, the second carrying the gradients and optimizer state the first made, whose
-    allocator peak stays within ``measured_limit``. The parameters come back as they were, the
-    optimizer state is dropped, and the random streams are untouched."""
+    """The largest micro-batch whose two training steps on random tokens (``module`` and its
+    ``optimizers``, set up by ``fabric``) peak within ``measured_limit``. The parameters come
+    back as they were, the optimizer state is dropped, the random streams are untouched."""
     device, T = fabric.device, plan.context_length
     saved = [p.detach().to("cpu", copy=True) for p in module.parameters()]
-    limit, limit_words = measured_limit(*_cuda_memory(device), plan.memory_budget)
+    free, _ = torch.cuda.mem_get_info(device)  # and what this process's allocator holds
+    limit, limit_words = measured_limit(free + torch.cuda.memory_reserved(device),
+                                        f"{device} ({torch.cuda.get_device_name(device)})",
+                                        plan.memory_budget)
 
     def try_step(n: int) -> bool:
         x = torch.randint(0, vocab_size, (n, T), device=device)  # (B, T)
@@ -273,10 +240,16 @@ def choose_by_measuring(fabric, plan: RunPlan, module, optimizers: dict,
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
+    def all_agree(fit: bool) -> bool:  # every process takes the same size
+        if fabric.world_size == 1:
+            return fit
+        flag = torch.tensor(float(fit), device=fabric.device)
+        return bool(fabric.all_reduce(flag, reduce_op="sum") == fabric.world_size)
+
     release()  # the peak so far (model set-up) is not the step's
-    fits = fits_when_tried(try_step, release, lambda fit: _all_agree(fabric, fit))
     with torch.random.fork_rng(devices=[device]):
-        found = largest_that_fits(fits, plan.rows_per_process or MAX_MICRO_BATCH)
+        found = largest_that_fits(fits_when_tried(try_step, release, all_agree),
+                                  plan.rows_per_process or MAX_MICRO_BATCH)
     with torch.no_grad():
         for p, value in zip(module.parameters(), saved, strict=True):
             p.copy_(value)
@@ -285,15 +258,14 @@ def choose_by_measuring(fabric, plan: RunPlan, module, optimizers: dict,
             f"data.batch_size=auto: not even one row of {T} tokens fits a training step on "
             f"{device} within {limit_words}; recompute activations, shard with trainer=fsdp, "
             "or lower model.context_length")
-    size = _rounded(plan, found)
+    size, rounding = _rounded(plan, found)
     return BatchChoice(size, f"the largest whose training step, measured on {device}, peaked "
-                             f"within {limit_words}{_rounding(plan, found, size)}")
+                             f"within {limit_words}{rounding}")
 
 
 def measured_limit(usable: int, where: str, budget: int | None) -> tuple[int, str]:
-    """The allocator peak a measured step may reach, in bytes, and the words that say so:
-    ``MEASURED_SHARE`` of ``usable`` (the bytes this process may use on ``where``), or
-    ``trainer.memory_budget`` when that is smaller."""
+    """The allocator peak a measured step may reach and words saying so: ``MEASURED_SHARE`` of
+    ``usable`` (the bytes this process may use on ``where``), or a smaller ``budget``."""
     share = int(usable * MEASURED_SHARE)
     if budget is not None and budget <= share:
         return budget, f"trainer.memory_budget ({budget / GiB:.2f} GiB)"
@@ -301,38 +273,19 @@ def measured_limit(usable: int, where: str, budget: int | None) -> tuple[int, st
                    "(trainer.memory_budget sets another limit)")
 
 
-def _cuda_memory(device: torch.device) -> tuple[int, str]:
-    """The bytes this process may use on ``device`` (free now, plus what its allocator holds)
-    and the device's name."""
-    free, _ = torch.cuda.mem_get_info(device)
-    return free + torch.cuda.memory_reserved(device), f"{device} ({torch.cuda.get_device_name(device)})"
-
-
-def _all_agree(fabric, fit: bool) -> bool:
-    """Whether the try fit on every process (all take the same size)."""
-    if fabric.world_size == 1:
-        return fit
-    flag = torch.tensor(float(fit), device=fabric.device)
-    return bool(fabric.all_reduce(flag, reduce_op="sum") == fabric.world_size)
-
-
-def _rounded(plan: RunPlan, found: int) -> int:
+def _rounded(plan: RunPlan, found: int) -> tuple[int, str]:
+    """``found`` rounded down to divide the rows per process, and words saying so if it changed."""
     rows = plan.rows_per_process
-    return largest_divisor_at_most(rows, found) if rows else found
-
-
-def _rounding(plan: RunPlan, found: int, size: int) -> str:
-    if size == found:
-        return ""
-    return (f"; {found} would fit, rounded down to divide the {plan.rows_per_process} rows per "
-            "process of data.tokens_per_step")
+    size = largest_divisor_at_most(rows, found) if rows else found
+    return size, "" if size == found else (
+        f"; {found} would fit, rounded down to divide the {rows} rows per process of "
+        "data.tokens_per_step")
 
 
 def choose_batch(plan: RunPlan, fabric, module, optimizers: dict,
                  model: dict) -> tuple[RunPlan, BatchChoice | None]:
-    """The final plan: under ``data.batch_size=auto`` with the micro-batch chosen for ``module``
-    (set up by ``fabric``, with its ``optimizers``; ``model``: its GPTConfig dict), measured on
-    CUDA and estimated elsewhere, and the choice; else ``plan`` as it is and None."""
+    """The final plan and the choice: under ``data.batch_size=auto`` the micro-batch measured on
+    CUDA and estimated elsewhere (``model``: the GPTConfig dict); else ``plan`` and None."""
     if not plan.auto_batch:
         return plan, None
     if fabric.device.type == "cuda":
@@ -342,24 +295,16 @@ def choose_batch(plan: RunPlan, fabric, module, optimizers: dict,
     return plan.with_batch_size(choice.batch_size), choice
 
 
-def for_world(plan: RunPlan, world_size: int, stored: dict | None) -> tuple[RunPlan, str | None]:
-    """The plan with its batch for ``world_size`` processes (``with_world``), keeping on resume
-    the global batch of ``stored`` (the checkpoint's batch record) as ``keep_global_batch``
-    says; a line saying so, or None."""
-    return keep_global_batch(plan.with_world(world_size), stored)
-
-
 def keep_global_batch(plan: RunPlan, stored: dict | None) -> tuple[RunPlan, str | None]:
-    """On resume: the checkpoint's tokens per step (``stored``: its batch record) when the
-    config gives no ``data.tokens_per_step`` and the micro-batch is ``auto`` or differs from the
-    checkpoint's, so a new micro-batch changes the accumulation, not the recipe. Returns the
-    plan and a line saying so (None when nothing changed)."""
+    """On resume without ``data.tokens_per_step``: the checkpoint's tokens per step (``stored``:
+    its batch record) when the micro-batch is ``auto`` or another, so the accumulation changes,
+    not the recipe. Returns the plan and a line saying so (None when nothing changed)."""
     if plan.tokens_per_step is not None or not stored or "tokens_per_step" not in stored:
         return plan, None
     if plan.batch_size == stored.get("batch_size"):
         return plan, None
     tokens = int(stored["tokens_per_step"])
-    return plan.with_tokens_per_step(tokens), (
+    return replace(plan, tokens_per_step=tokens).with_world(plan.world_size), (
         f"resuming with the checkpoint's {tokens:,} tokens per step (data.tokens_per_step is "
         f"not set and data.batch_size={plan.batch_size} differs from its "
         f"{stored.get('batch_size')})")

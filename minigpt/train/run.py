@@ -1,13 +1,6 @@
-"""The body of ``train.py``: a composed Hydra config in, a trained run directory out.
-
-``run(cfg)`` checks the whole config first (one message listing every bad value), resolves the
-run's plan once (``minigpt.train.plan``), checks that a step fits in memory, launches the
-processes through Lightning Fabric, prepares the data, sizes the model from the tokenizer, and
-runs the loop (``minigpt.train.loop``). ``train.py`` is only the ``@hydra.main`` wrapper around
-it, so tests call ``run`` in-process on a config from Hydra's compose API.
-
-Run directory layout: ``config.yaml`` (resolved), ``checkpoints/{last,best}.ckpt``,
-``samples.txt``, ``csv/`` and ``wandb/`` logs, ``summary.json``.
+"""The body of ``train.py``: ``run(cfg)`` checks the config, resolves the plan, launches Fabric,
+prepares the data and the model, and runs the loop. A run directory holds ``config.yaml``,
+``checkpoints/{last,best}.ckpt``, ``samples.txt``, ``csv/``, ``wandb/`` and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -15,8 +8,9 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -50,7 +44,7 @@ from minigpt.train.loop import Loop, ModelWithLoss, Progress
 from minigpt.train.memory import check_run_fits, out_of_memory_as_resource_error, vocab_before_data
 from minigpt.train.model_init import init_model, padded_vocab_size
 from minigpt.train.optim import build_optimizers, check_optimizers_run, schedule_for
-from minigpt.train.plan import RunPlan, batch_record, choose_batch, for_world, resolve_plan
+from minigpt.train.plan import RunPlan, batch_record, choose_batch, keep_global_batch, resolve_plan
 from minigpt.train.run_dir import hold_run_dir, remove_unstarted
 from minigpt.train.sample import Sampler, gathered_parameters
 
@@ -59,34 +53,23 @@ log = logging.getLogger(__name__)
 
 def run(cfg: TrainSchema | DictConfig, run_dir: str | Path | None = None,
         callbacks: list | tuple = ()) -> dict:
-    """Train as ``cfg`` says (a ``TrainSchema``, or a composed config, converted once); return
-    ``{"run_dir", "last", "best", "val_loss", "steps"}``.
-
-    ``run_dir`` defaults to Hydra's run directory; ``callbacks`` are Fabric callbacks (see
-    ``minigpt.train.loop`` for the hooks the loop calls). A failure before the first training
-    step leaves nothing behind in ``run_dir``."""
+    """Train as ``cfg`` says (a ``TrainSchema`` or a composed config); return the summary
+    (``run_dir``, ``last``, ``best``, ``val_loss``, ``steps``, ...). ``run_dir``: Hydra's unless
+    given; ``callbacks``: Fabric callbacks (``minigpt.train.loop`` names the hooks). A failure
+    before the first training step leaves nothing behind in ``run_dir``."""
     train = typed(cfg, TrainSchema)
-    run_dir = _run_dir(run_dir).resolve()
+    run_dir = Path(run_dir or HydraConfig.get().runtime.output_dir).resolve()
     writer = hold_run_dir(run_dir, train.ckpt_path)  # one process writes into a run directory
-    started = []
+    started = []  # a callback notes the first training step
+    first_step = SimpleNamespace(on_train_batch_start=lambda loop, micro: started.append(True))
     try:
-        return _run(train, run_dir, list(callbacks) + [_FirstStep(started)])
+        return _run(train, run_dir, [*callbacks, first_step])
     except BaseException:
         if not started and rank_zero_only.rank == 0:
             remove_unstarted(run_dir)
         raise
     finally:
         writer.release()
-
-
-class _FirstStep:
-    """Notes that training started (a Fabric callback)."""
-
-    def __init__(self, started: list):
-        self.started = started
-
-    def on_train_batch_start(self, loop, micro):
-        self.started.append(True)
 
 
 def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
@@ -99,7 +82,8 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     check_optimizers_run(train.optim, plan.strategy, plan.precision)  # before Fabric's words
     loggers = build_loggers(train.logger, run_dir, resume.step if resume else None)
     fabric = build_fabric(train.trainer, plan, loggers, callbacks)
-    plan, kept = for_world(plan, fabric.world_size, resume.batch if resume else None)
+    plan, kept = keep_global_batch(plan.with_world(fabric.world_size),
+                                   resume.batch if resume else None)
     preflight(train, plan, resume)  # before the data is prepared: bad sizes fail in seconds
     owns_process_group = (torch.distributed.is_available()
                           and not torch.distributed.is_initialized())
@@ -121,26 +105,26 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     module, optimizers, schedulers = build_trainables(train, fabric, plan, model)
     plan, choice = choose_batch(plan, fabric, module, optimizers, model_config)  # the final plan
     train = replace(train, data=replace(train.data, batch_size=plan.batch.batch_size))
-    setup = Setup(corpus, model, corpus.data_module(
-        model.config.context_length, plan.batch.batch_size, seed=train.seed,
-        rank=fabric.global_rank, world_size=fabric.world_size,
-        document_mask=model.config.document_mask, pin_memory=fabric.device.type == "cuda"))
-    loop = build_loop(train, fabric, plan, setup, (module, optimizers, schedulers), run_dir)
+    loop = build_loop(train, fabric, plan, corpus, (module, optimizers, schedulers), run_dir)
     if resume is not None:
-        restored = restore(fabric, resume, module, optimizers, schedulers, setup.data)
+        restored = restore(fabric, resume, module, optimizers, schedulers, loop.data)
         loop.progress = Progress.restored(restored, plan.val_every)
         loop.pending_rng = restored["rng"]
     loop.progress.batch = batch_record(plan, choice)
     for line in (kept, choice and choice.describe()):
         if line:
             fabric.print(line)
-    start_run_dir(train, fabric, setup, plan, run_dir, ckpt_path)
+    start_run_dir(loop, run_dir, ckpt_path)
     status = "failed"  # what the loggers are told: a crash, or an interrupt's exit
     try:
         with out_of_memory_as_resource_error(loop):
             loop.fit()
-        if plan.sharded_checkpoints:
-            consolidate_at_end(fabric, run_dir / "checkpoints")
+        if plan.sharded_checkpoints:  # the model-only model.ckpt, for generate.py
+            if fabric.is_global_zero:
+                ckpt_dir = run_dir / "checkpoints"
+                path = consolidate(ckpt_dir / LAST, ckpt_dir / MODEL_FILE)
+                fabric.print(f"consolidated the model into {path}")
+            fabric.barrier()
         status = "success"
     finally:
         for logger in fabric.loggers:
@@ -151,24 +135,9 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
     return summary
 
 
-@dataclass
-class Setup:
-    """What a run trains: its data as its source makes it (``open_training_data``: the
-    tokenizer, a chat template or None), the model sized from it, and the data module."""
-
-    corpus: object  # minigpt.data.datamodule.PreparedTokens or minigpt.data.chat.Conversations
-    model: GPT
-    data: object  # the corpus's data module, in batches of the run's micro-batch
-
-    @property
-    def tokenizer(self):
-        return self.corpus.tokenizer
-
-
 def prepare(train: TrainSchema, plan: RunPlan, fabric: Fabric) -> tuple[object, GPT]:
-    """Data first: the model's vocabulary comes from the prepared data's tokenizer (and a chat
-    template's special tokens). Every rank calls this; preparation is locked and idempotent (one
-    prepares, the rest reuse). Returns the data (``open_training_data``) and the model."""
+    """The prepared data (``open_training_data``; every rank calls this, one prepares) and the
+    model, whose vocabulary comes from the data's tokenizer and a chat template's tokens."""
     # data.batch_size as the plan has it so far (auto: 1); the data module takes the final one
     corpus = open_training_data(replace(train.data, batch_size=plan.batch.batch_size),
                                 train.data_root, init_from=train.model.init_from,
@@ -183,9 +152,8 @@ def prepare(train: TrainSchema, plan: RunPlan, fabric: Fabric) -> tuple[object, 
 
 
 def preflight(train: TrainSchema, plan: RunPlan, resume: ResumePoint | None) -> None:
-    """What can be checked from the config alone, before any heavy work: a resumed checkpoint's
-    model against the configured one, and whether a training step fits in memory. A model from
-    ``model.init_from`` is only known once built (``run`` checks it then)."""
+    """Checks from the config alone, before any heavy work: the evaluation tasks, a resumed
+    checkpoint's model, and whether a step fits (a ``model.init_from`` model: once built)."""
     training_tasks(train.eval, train.data_root)  # each of eval.tasks is a task class
     if train.model.init_from:
         return
@@ -199,8 +167,8 @@ def preflight(train: TrainSchema, plan: RunPlan, resume: ResumePoint | None) -> 
 
 
 def apply_cpu_speedups(model: GPT, plan: RunPlan) -> list[str]:
-    """``minigpt.cpu.speed_up_training`` for a CPU run unless ``cpu_speedups=false``; logs what
-    it applied. Called once, after the model is built and before compiling or FSDP wrapping."""
+    """``minigpt.cpu.speed_up_training`` for a CPU run unless ``cpu_speedups=false``, before
+    compiling or wrapping; logs what it applied."""
     if not plan.cpu_speedups:
         return []
     applied = speed_up_training(model, precision=plan.precision, compiled=plan.compile)
@@ -210,8 +178,7 @@ def apply_cpu_speedups(model: GPT, plan: RunPlan) -> list[str]:
 
 def build_trainables(train: TrainSchema, fabric: Fabric, plan: RunPlan, model: GPT
                      ) -> tuple[ModelWithLoss, dict, dict]:
-    """The model wrapped by Fabric (DDP/FSDP, precision), its optimizers and their schedules
-    (both by name)."""
+    """The model wrapped by Fabric, its optimizers and their schedules (both by name)."""
     module = fabric.setup_module(ModelWithLoss(model, plan.compile, fullgraph=not plan.fsdp))
     optim = train.optim
     # The fused kernel steps all parameters of a group at once. Not under fp16: there the grad
@@ -224,52 +191,56 @@ def build_trainables(train: TrainSchema, fabric: Fabric, plan: RunPlan, model: G
     return module, optimizers, schedulers
 
 
-def build_loop(train: TrainSchema, fabric: Fabric, plan: RunPlan, setup: Setup, trainables: tuple,
+def build_loop(train: TrainSchema, fabric: Fabric, plan: RunPlan, corpus, trainables: tuple,
                run_dir: Path) -> Loop:
-    """The loop around the run's final plan, its data and ``trainables`` (``build_trainables``),
-    with the evaluation tasks' items."""
+    """The loop around the final plan, ``trainables`` (``build_trainables``) and the data
+    module of ``corpus`` (``open_training_data``'s) in batches of the final micro-batch."""
     module, optimizers, schedulers = trainables
-    # The first process of each machine downloads the tasks' items into the cache; the others
-    # read them.
+    config = module.model.config
+    data = corpus.data_module(config.context_length, plan.batch.batch_size, seed=train.seed,
+                              rank=fabric.global_rank, world_size=fabric.world_size,
+                              document_mask=config.document_mask,
+                              pin_memory=fabric.device.type == "cuda")
+    # The first process of each machine downloads the tasks' items; the others read them.
     with fabric.rank_zero_first(local=True):
         eval_items = training_items(train.eval, Path(train.data_root).expanduser(),
-                                    setup.corpus.template)
+                                    corpus.template)
     return Loop(
         fabric, plan, train, module=module, optimizers=optimizers, schedulers=schedulers,
-        data=setup.data, checkpoints=CheckpointFiles(fabric, run_dir / "checkpoints"),
-        sampler=Sampler(setup.tokenizer, run_dir / "samples.txt", train.sample, seed=train.seed),
+        data=data, checkpoints=CheckpointFiles(fabric, run_dir / "checkpoints"),
+        sampler=Sampler(corpus.tokenizer, run_dir / "samples.txt", train.sample, seed=train.seed),
         eval_items=eval_items,
-        bytes_per_token=bytes_per_token(setup.data, setup.tokenizer, train.data.val_tokens),
-        chat_template=setup.corpus.template,
+        bytes_per_token=bytes_per_token(data, corpus.tokenizer, train.data.val_tokens),
+        chat_template=corpus.template,
     )
 
 
-def start_run_dir(train: TrainSchema, fabric: Fabric, setup: Setup, plan: RunPlan,
-                  run_dir: Path, ckpt_path: str | None) -> None:
+def start_run_dir(loop: Loop, run_dir: Path, ckpt_path: str | None) -> None:
     """The run directory's config, the loggers' first record, leftovers of a killed run gone."""
-    resolved = OmegaConf.to_container(OmegaConf.structured(train))
-    resolved["model"]["vocab_size"] = setup.model.config.vocab_size
+    fabric = loop.fabric
+    resolved = OmegaConf.to_container(OmegaConf.structured(loop.settings))
+    resolved["model"]["vocab_size"] = loop.model.config.vocab_size
     if fabric.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
         text = OmegaConf.to_yaml(resolved)
         atomic_write(run_dir / "config.yaml", lambda tmp: tmp.write_text(text))
-        fabric.print(describe(run_dir, setup, plan, fabric, ckpt_path))
+        fabric.print(describe(loop, run_dir, ckpt_path))
     for logger in fabric.loggers:  # the CSV log's config is config.yaml
         started = logger.start(resolved) if hasattr(logger, "start") else None
         if started:
             fabric.print(started)
-    removed = CheckpointFiles(fabric, run_dir / "checkpoints").remove_leftovers()
+    removed = loop.checkpoints.remove_leftovers()
     if removed:
         fabric.print(f"removed {len(removed)} temporary checkpoint file(s) a killed run left")
 
 
-def describe(run_dir: Path, setup: Setup, plan: RunPlan, fabric: Fabric, ckpt_path) -> str:
-    model, tokenizer = setup.model, setup.tokenizer
+def describe(loop: Loop, run_dir: Path, ckpt_path: str | None) -> str:
+    model, tokenizer, plan, fabric = loop.model, loop.sampler.tokenizer, loop.plan, loop.fabric
     return (
         f"run dir: {run_dir}\nmodel: {model.num_params() / 1e6:.2f}M parameters, "
-        f"{model.config}\ndata: {setup.data.config.name}, tokenizer {tokenizer.name} (vocab "
+        f"{model.config}\ndata: {loop.data.config.name}, tokenizer {tokenizer.name} (vocab "
         f"{tokenizer.vocab_size}, model vocab {model.config.vocab_size}), "
-        f"{setup.data.train_tokens:,} train tokens\nbatch: {plan.batch.describe()}\n"
+        f"{loop.data.train_tokens:,} train tokens\nbatch: {plan.batch.describe()}\n"
         f"precision: {plan.precision}, compile: {plan.compile}, activation checkpointing: "
         f"{plan.activation_checkpointing}, devices: {fabric.world_size} "
         f"process(es) on {fabric.device.type}, strategy: {type(fabric.strategy).__name__}"
@@ -277,17 +248,9 @@ def describe(run_dir: Path, setup: Setup, plan: RunPlan, fabric: Fabric, ckpt_pa
     )
 
 
-def consolidate_at_end(fabric: Fabric, ckpt_dir: Path) -> None:
-    """After training with sharded FSDP checkpoints: the model-only ``model.ckpt`` consolidated
-    from the final ``last.ckpt`` by rank 0, for ``generate.py``."""
-    if fabric.is_global_zero:
-        fabric.print(f"consolidated the model into {consolidate(ckpt_dir / LAST, ckpt_dir / MODEL_FILE)}")
-    fabric.barrier()
-
-
 def finish(fabric: Fabric, loop: Loop, run_dir: Path) -> dict:
-    """The run's summary (also ``summary.json``), after a parameter checksum every rank logs to
-    its own file: under DDP (and FSDP, gathered) the ranks must agree."""
+    """The run's summary (also ``summary.json``), after a parameter checksum every rank logs (the
+    ranks must agree)."""
     with gathered_parameters(loop.module, recurse=True):
         checksum = sum(float(p.detach().double().sum()) for p in loop.model.parameters())
     log.info(f"rank {fabric.global_rank}: parameter checksum {checksum:.10e}")
@@ -313,12 +276,9 @@ def finish(fabric: Fabric, loop: Loop, run_dir: Path) -> dict:
 
 
 def end_process_group(fabric: Fabric) -> None:
-    """Destroy the process group this run started, once every rank is done with it.
-
-    Lightning does so at exit for NCCL only. A gloo group left to interpreter shutdown can abort
-    the process (SIGABRT, "terminate called without an active exception") after a run that
-    succeeded: its worker threads still hold tensors. Called only after success: after a failure
-    another rank may still be inside a collective, and the barrier would hang."""
+    """Destroy the process group this run started, after success only (after a failure another
+    rank may be inside a collective). Lightning does so for NCCL only; a gloo group left to
+    interpreter shutdown can abort a run that succeeded (SIGABRT)."""
     if torch.distributed.is_initialized():  # Fabric starts none for one process
         fabric.barrier()
         torch.distributed.destroy_process_group()
@@ -351,15 +311,9 @@ def resolve_ckpt_path(ckpt_path: str | None, root: Path) -> str | None:
     return str(path)
 
 
-def _run_dir(run_dir) -> Path:
-    if run_dir is not None:
-        return Path(run_dir)
-    return Path(HydraConfig.get().runtime.output_dir)
-
-
 def bytes_per_token(data, tokenizer, budget: int) -> float | None:
-    """The data module's UTF-8 bytes per token (for bits per byte; None for a masked loss), or
-    None with a warning when they cannot be measured."""
+    """The data's UTF-8 bytes per token (for bits per byte), or None: a masked loss, or with a
+    warning when they cannot be measured."""
     try:
         return data.bytes_per_token(tokenizer, budget)
     except Exception as e:
