@@ -1,20 +1,7 @@
 """Optimizers and their math: parameter groups; one optimizer class for the whole model, or one
 for the blocks' matrices beside another for the rest (AdamW, and Muon for the matrices with
-``optim=muon``; any ``torch.optim.Optimizer`` subclass by its dotted path, a user's own
-included); the learning-rate schedules (warmup + cosine, warmup-stable-decay).
-
-Pure functions with tests; the run wires them together.
-
-Muon on the queries', keys' and values' weights one at a time, though the model fuses them
-(``QKVViews``).
-
-``MultiHeadAttention`` keeps one (q + k + v rows, C) weight for its single projection.
-``torch.optim.Muon`` orthogonalizes each parameter it is given as one matrix; the modded-nanogpt
-speedrun orthogonalizes the three separately (``optim.muon_split_qkv``). ``QKVViews`` gives Muon
-three parameters that are views into the fused weight's storage, so its in-place updates land in
-the model, and hands them the matching slices of the fused gradient before each step (an
-optimizer step pre-hook); after the step the fused gradient is dropped, since no other optimizer
-owns that weight to zero it. The model, its state dict and its checkpoints do not change.
+``optim=muon``; any ``torch.optim.Optimizer`` subclass by its dotted path); the learning-rate
+schedules (warmup + cosine, warmup-stable-decay).
 """
 
 from __future__ import annotations
@@ -75,9 +62,8 @@ def as_optim(optim: OptimSchema | dict) -> OptimSchema:
 
 def schedule_for(optimizer: torch.optim.Optimizer,
                  optim: OptimSchema | dict) -> torch.optim.lr_scheduler.LambdaLR:
-    """A per-step ``LambdaLR`` of ``optim.schedule``; each group's own learning rate is the peak.
-    A partial, so its arguments (not a closure) are inspectable; the step count lives in the
-    scheduler's state and comes back on resume."""
+    """A per-step ``LambdaLR`` of ``optim.schedule`` (a partial, so inspectable; its step count
+    comes back on resume); each group's own learning rate is the peak."""
     o = as_optim(optim)
     shape = {"min_lr": o.min_lr, "warmup_steps": o.warmup_steps, "decay_steps": o.decay_steps}
     if o.schedule == "wsd":
@@ -89,14 +75,11 @@ def schedule_for(optimizer: torch.optim.Optimizer,
 
 def param_groups(model: nn.Module, weight_decay: float, exclude: set[int] = frozenset(), *,
                  embedding_lr: float | None = None, head_lr: float | None = None) -> list[dict]:
-    """AdamW groups: weight decay on the weight matrices of ``nn.Linear`` layers only; biases,
-    norms, embeddings and the LM head (tied to the token embedding or not: an untied head is
-    the embedding's mirror and is not decayed either) get none.
+    """AdamW groups: weight decay on ``nn.Linear`` weight matrices only (by module type, so FSDP's
+    flattened shards too); biases, norms, embeddings and the LM head, tied or not, get none.
     ``exclude``: ids of parameters another optimizer steps. ``embedding_lr`` / ``head_lr``: the
-    embeddings and an untied head in groups of their own with that peak lr (None: the
-    optimizer's lr, in the no-decay group, so older checkpoints' two groups still load).
-
-    Decided by module type, not ``p.dim()``, so it also holds for FSDP's flattened shards."""
+    embeddings and an untied head in groups of their own at that peak lr (None: in the no-decay
+    group, so older checkpoints' two groups still load)."""
     embedding_ids = {
         id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
     }
@@ -142,17 +125,12 @@ def _misfit(found: object) -> str | None:
     return "not a torch.optim.Optimizer subclass"
 
 
+# OPTIMIZERS[key].load(path): the optimizer class a dotted path names for optim.<key>; a path
+# that names none is one line naming the key and the fix.
 OPTIMIZERS = {key: extension_point(
     f"optim.{key}", "an optimizer class", _misfit, "give the dotted path of a "
     "torch.optim.Optimizer subclass importable from the working directory, e.g. torch.optim.SGD "
     "or mypackage.optim.MyOptimizer") for key in ("optimizer", "matrix_optimizer")}
-
-
-def optimizer_class(path: str, key: str = "optimizer") -> type[torch.optim.Optimizer]:
-    """The ``torch.optim.Optimizer`` subclass a dotted path names (``torch.optim.AdamW``, a
-    user's ``mypackage.optimizers.MyOptimizer``), imported with Hydra's ``get_object``; a path
-    that does not name one is one line naming ``optim.<key>`` and the fix."""
-    return OPTIMIZERS[key].load(path)
 
 
 def _built(key: str, path: str, cls: type, params, lr: float, kwargs: dict):
@@ -187,7 +165,7 @@ def main_optimizer(model: nn.Module, optim: OptimSchema, *, fused: bool,
     ``beta1``/``beta2``/``eps`` where the class takes them and ``optim.optimizer_kwargs`` last.
     ``fused`` steps all parameters of a group in one kernel; the caller decides where that is
     allowed."""
-    cls = optimizer_class(optim.optimizer)
+    cls = OPTIMIZERS["optimizer"].load(optim.optimizer)
     settings = _accepted(cls, {"betas": (optim.beta1, optim.beta2), "eps": optim.eps,
                                **({"fused": True} if fused else {})})
     groups = param_groups(model, optim.weight_decay, exclude, embedding_lr=optim.embedding_lr,
@@ -201,15 +179,17 @@ def matrix_optimizer(model: nn.Module, optim: OptimSchema) -> torch.optim.Optimi
     ``block_matrices`` at ``optim.muon_lr``, with ``muon_weight_decay``, ``muon_momentum``,
     Nesterov and ``muon_adjust_lr`` where the class takes them, ``optim.matrix_kwargs`` last.
     ``muon_split_qkv``: queries, keys and values as three matrices (``QKVViews``)."""
-    cls = optimizer_class(optim.matrix_optimizer, "matrix_optimizer")
+    cls = OPTIMIZERS["matrix_optimizer"].load(optim.matrix_optimizer)
     settings = _accepted(cls, {"weight_decay": optim.muon_weight_decay,
                                "momentum": optim.muon_momentum, "nesterov": True,
                                "adjust_lr_fn": optim.muon_adjust_lr})
-    splits = split_qkv(model) if optim.muon_split_qkv else []
+    splits = QKVViews(model) if optim.muon_split_qkv else None
+    matrices = block_matrices(model)
     optimizer = _built("matrix_optimizer", optim.matrix_optimizer, cls,
-                       muon_parameters(block_matrices(model), splits), optim.muon_lr,
+                       splits.replace(matrices) if splits else matrices, optim.muon_lr,
                        {**settings, **optim.matrix_kwargs})
-    hand_over_grads(optimizer, splits)
+    if splits:
+        splits.attach(optimizer)
     return optimizer
 
 
@@ -233,10 +213,10 @@ def build_optimizers(model: nn.Module, optim: OptimSchema | dict, *, fused: bool
 def check_optimizers_run(optim: OptimSchema, strategy: str, precision: str) -> None:
     """Before any work: each optimizer class imports, and a matrix optimizer is not asked to
     run where it cannot. One-line errors naming the way out."""
-    optimizer_class(optim.optimizer)
+    OPTIMIZERS["optimizer"].load(optim.optimizer)
     if optim.matrix_optimizer is None:
         return
-    optimizer_class(optim.matrix_optimizer, "matrix_optimizer")
+    OPTIMIZERS["matrix_optimizer"].load(optim.matrix_optimizer)
     chosen = f"optim.matrix_optimizer={optim.matrix_optimizer} (optim={optim.name})"
     if strategy == "fsdp":
         raise ConfigError(f"{chosen} does not run under trainer=fsdp (FSDP hands the optimizer "
@@ -247,59 +227,40 @@ def check_optimizers_run(optim: OptimSchema, strategy: str, precision: str) -> N
                           "gradient scaler for two optimizers); use bf16-mixed or 32-true")
 
 
-def adamw_with_schedule(model: nn.Module, optim: OptimSchema | dict, *, fused: bool):
-    """``main_optimizer`` (AdamW unless ``optim.optimizer`` says otherwise) and its per-step
-    schedule (``schedule_for``)."""
-    optimizer = main_optimizer(model, as_optim(optim), fused=fused)
-    return optimizer, schedule_for(optimizer, optim)
-
-
 # ---- Muon on q, k and v one at a time (optim.muon_split_qkv) ----------------------------------
 
 class QKVViews:
-    """The query, key and value rows of one fused ``qkv.weight`` as three parameters."""
+    """The query, key and value rows of every fused ``qkv.weight`` in ``model`` as three
+    parameters each: views sharing the weight's storage, so Muon's in-place updates land in the
+    model (its state dict and checkpoints do not change). ``attach(optimizer)``: before each step
+    the views get their slices of the fused gradients; after it the fused gradients are dropped,
+    as no other optimizer owns those weights to zero them."""
 
-    def __init__(self, attention: MultiHeadAttention):
-        self.weight = attention.qkv.weight
-        kv = attention.num_kv_heads * attention.head_dim
-        bounds = [0, attention.d_out, attention.d_out + kv, attention.d_out + 2 * kv]
-        self.rows = [slice(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
-        # detach() shares the storage: Muon's in-place updates of a view update the weight
-        self.views = [nn.Parameter(self.weight.detach()[rows]) for rows in self.rows]
+    def __init__(self, model: nn.Module):
+        self.splits = []  # (fused weight, its row slices, a view of each)
+        for attention in (m for m in model.modules() if isinstance(m, MultiHeadAttention)):
+            weight, kv = attention.qkv.weight, attention.num_kv_heads * attention.head_dim
+            bounds = [0, attention.d_out, attention.d_out + kv, attention.d_out + 2 * kv]
+            rows = [slice(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+            # detach() shares the storage: Muon's in-place updates of a view update the weight
+            self.splits.append((weight, rows, [nn.Parameter(weight.detach()[r]) for r in rows]))
 
-    def share_grads(self) -> None:
-        grad = self.weight.grad
-        for view, rows in zip(self.views, self.rows, strict=True):
-            view.grad = None if grad is None else grad[rows]
+    def replace(self, matrices: list[nn.Parameter]) -> list[nn.Parameter]:
+        """``matrices`` in order, each fused qkv weight replaced by its three views."""
+        views = {id(weight): views for weight, _, views in self.splits}
+        return [v for p in matrices for v in views.get(id(p), [p])]
 
-    def drop_grads(self) -> None:
-        self.weight.grad = None
-        for view in self.views:
-            view.grad = None
+    def attach(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.register_step_pre_hook(self._share_grads)
+        optimizer.register_step_post_hook(self._drop_grads)
 
+    def _share_grads(self, *_) -> None:
+        for weight, rows, views in self.splits:
+            for view, r in zip(views, rows, strict=True):
+                view.grad = None if weight.grad is None else weight.grad[r]
 
-def split_qkv(model: nn.Module) -> list[QKVViews]:
-    """``QKVViews`` for every attention layer of ``model``."""
-    return [QKVViews(m) for m in model.modules() if isinstance(m, MultiHeadAttention)]
-
-
-def muon_parameters(matrices: list[nn.Parameter], splits: list[QKVViews]) -> list[nn.Parameter]:
-    """``matrices`` in order, each fused qkv weight replaced by its three views."""
-    views = {id(s.weight): s.views for s in splits}
-    return [v for p in matrices for v in views.get(id(p), [p])]
-
-
-def hand_over_grads(optimizer: torch.optim.Optimizer, splits: list[QKVViews]) -> None:
-    """Before each step of ``optimizer`` the views get their slices of the fused gradients;
-    after it the fused gradients are dropped (the next step's accumulate afresh)."""
-    def share(*_) -> None:
-        for split in splits:
-            split.share_grads()
-
-    def drop(*_) -> None:
-        for split in splits:
-            split.drop_grads()
-
-    if splits:
-        optimizer.register_step_pre_hook(share)
-        optimizer.register_step_post_hook(drop)
+    def _drop_grads(self, *_) -> None:
+        for weight, _, views in self.splits:
+            weight.grad = None
+            for view in views:
+                view.grad = None

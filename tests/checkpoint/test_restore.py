@@ -53,7 +53,7 @@ def test_lightning_era_checkpoint_resumes(tmp_path, checkpoint_v1):
     from minigpt.checkpoint.restore import restore
     from minigpt.data import TokenDataModule
     from minigpt.train.loop import ModelWithLoss
-    from minigpt.train.optim import adamw_with_schedule
+    from minigpt.train.optim import build_optimizers, schedule_for
 
     model, _, meta = load_checkpoint(checkpoint_v1)
     fresh = type(model)(model.config)
@@ -61,7 +61,8 @@ def test_lightning_era_checkpoint_resumes(tmp_path, checkpoint_v1):
     module = fabric.setup_module(ModelWithLoss(fresh))
     optim = {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 1, "decay_steps": 10,
              "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.99, "eps": 1e-8}
-    optimizer, scheduler = adamw_with_schedule(module, optim, fused=False)
+    optimizer = build_optimizers(module, optim, fused=False)["optimizer"]
+    scheduler = schedule_for(optimizer, optim)
     optimizer = fabric.setup_optimizers(optimizer)
     data = TokenDataModule({"name": "x", "source": "shakespeare", "tokenizer": "char",
                             "batch_size": 2}, context_length=16, seed=1337, data_root=tmp_path)

@@ -10,7 +10,7 @@ from lightning.fabric import Fabric
 
 from minigpt.model import GPT, GPTConfig
 from minigpt.train.loop import ModelWithLoss, optimizer_step
-from minigpt.train.optim import adamw_with_schedule
+from minigpt.train.optim import build_optimizers, schedule_for
 
 OPTIM = {"lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 1, "decay_steps": 10, "weight_decay": 0.1,
          "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
@@ -24,7 +24,8 @@ def test_optimizer_step_equals_the_step_written_out():
 
     fabric = Fabric(accelerator="cpu", devices=1, precision="32-true")
     module = fabric.setup_module(ModelWithLoss(model))
-    optimizer, scheduler = adamw_with_schedule(module, OPTIM, fused=False)
+    optimizer = build_optimizers(module, OPTIM, fused=False)["optimizer"]
+    scheduler = schedule_for(optimizer, OPTIM)
     optimizers = {"optimizer": fabric.setup_optimizers(optimizer)}
 
     def clip():
@@ -34,7 +35,8 @@ def test_optimizer_step_equals_the_step_written_out():
     results = [optimizer_step(fabric, module, optimizers, {"optimizer": scheduler}, stream,
                               accumulate=2, clip_gradients=clip) for _ in range(2)]
 
-    hand_optimizer, hand_scheduler = adamw_with_schedule(by_hand, OPTIM, fused=False)
+    hand_optimizer = build_optimizers(by_hand, OPTIM, fused=False)["optimizer"]
+    hand_scheduler = schedule_for(hand_optimizer, OPTIM)
     for step in range(2):
         losses = [by_hand.loss(x, y) / 2 for x, y in batches[2 * step: 2 * step + 2]]
         sum(losses).backward()
