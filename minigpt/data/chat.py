@@ -22,7 +22,7 @@ from minigpt.chat.template import ChatFormatError, ChatTemplate, read_chat_templ
 from minigpt.checkpoint import METADATA_KEY, read_checkpoint
 from minigpt.data.bos import draw_rows
 from minigpt.data.config import DataConfig, DataError
-from minigpt.data.epochs import ResumableBatches
+from minigpt.data.epochs import ResumableBatches, rank_batches
 from minigpt.data.sources import load_hub
 from minigpt.documents import document_ids_of
 from minigpt.model import IGNORE_INDEX
@@ -298,14 +298,10 @@ class ChatDataModule(ResumableBatches):
 
     def val_dataloader(self) -> list[tuple[torch.Tensor, ...]]:
         """This rank's share of the validation rows, in batches (every rank the same number)."""
-        n = len(self.val_rows[0])
-        per_rank = n // self.world_size
-        if per_rank == 0:
-            raise DataError(f"{n} validation row(s) cannot be shared by {self.world_size} "
-                            "processes: hold out more conversations (data.val_fraction)")
-        mine = np.arange(n)[self.rank::self.world_size][:per_rank]
-        size = self.config.val_batch_size or self.batch_size
-        return [self._batch(self.val_rows, mine[i:i + size]) for i in range(0, per_rank, size)]
+        batches = rank_batches(np.arange(len(self.val_rows[0])), self.rank, self.world_size,
+                               self.config.val_batch_size or self.batch_size, "row",
+                               "hold out more conversations (data.val_fraction)")
+        return [self._batch(self.val_rows, index) for index in batches]
 
     def bytes_per_token(self, tokenizer, budget: int) -> None:
         """None: the loss is masked (prompts train nothing), so it has no bits per byte."""

@@ -1,27 +1,15 @@
-"""``TokenDataModule``: memory-mapped token files -> (x, y) batches for the training loop.
+"""A run's data (``open_training_data``) and ``TokenDataModule``: token files -> batches.
 
-Letters: B = batch size, T = context_length. A batch is ``(x, y)``, int64 tensors of shape (B, T)
-with ``y[:, t] == x[:, t + 1]``, cut from windows of T + 1 consecutive tokens.
-
-- Training: an endless stream of random windows. Batch number ``b`` on rank ``r`` depends only on
-  ``(seed, r, b)`` (``window_starts``), so a run resumed from a checkpoint continues with exactly
-  the batches an uninterrupted run would have drawn; ranks draw different windows.
-- Validation: a fixed set of evenly spaced, non-overlapping windows (``val_tokens`` tokens' worth),
-  identical in every run, dealt out to the ranks without overlap.
-
-A run gets its data through ``open_training_data``: each source makes it as its kind needs
-(``Source.training_data``): prepared tokens (``PreparedTokens``) or conversations
-(``minigpt.data.chat.Conversations``), each with the tokenizer, the template (conversations
-only), the vocabulary the ids need, and a ``data_module`` for the run's batch.
-
-Both are ``IterableDataset``s yielding whole batches (one gather from the memory map per batch);
-with ``num_workers`` > 0, worker w of W produces batches w, w + W, ..., which the DataLoader
-returns in order.
+Letters: B = batch size, T = context_length. A batch is ``(x, y)``, or ``(x, y, document_ids)``
+for a ``document_mask`` model, int64 tensors of shape (B, T) with ``y[:, t] == x[:, t + 1]``.
+Training batch ``b`` on rank ``r`` depends only on ``(seed, r, b)``, so a resumed run draws the
+batches an uninterrupted one would; validation is a fixed set of rows, dealt out to the ranks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +20,13 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from minigpt.data.bos import PackedRows, aligned_rows, draw_rows
 from minigpt.data.chat import Conversations
 from minigpt.data.config import DataConfig, DataError
-from minigpt.data.epochs import ResumableBatches, batch_positions, epoch_rows, window_rows
+from minigpt.data.epochs import (
+    ResumableBatches,
+    batch_positions,
+    epoch_rows,
+    rank_batches,
+    window_rows,
+)
 from minigpt.data.prepare import prepare_dataset
 from minigpt.data.shards import ShardStream
 from minigpt.data.sources import source_for
@@ -57,12 +51,6 @@ def val_window_starts(n_tokens: int, context_length: int, token_budget: int) -> 
     return (np.arange(n) * (n_tokens - context_length - 1)) // max(n - 1, 1)
 
 
-def prepare_tokens(data_cfg: Any, data_root: str | Path, progress: bool = True) -> dict:
-    """The meta of a run's tokens: prepared files (``prepare_dataset``: made if needed), or
-    what token shards' headers say (nothing to prepare)."""
-    return prepare_dataset(DataConfig.from_any(data_cfg), data_root, progress=progress)
-
-
 def open_training_data(cfg: Any, data_root: str | Path = "data", *, init_from: str | None = None,
                        progress: bool = True, log=print):
     """The data a run trains on, as ``data.source`` makes it (``Source.training_data``): a
@@ -73,12 +61,14 @@ def open_training_data(cfg: Any, data_root: str | Path = "data", *, init_from: s
                                                                  progress, log))
 
 
+@dataclasses.dataclass
 class TrainingDataOpener:
     """What ``Source.training_data`` calls to make a run's data of its kind."""
 
-    def __init__(self, data_root: str | Path, init_from: str | None, progress: bool, log):
-        self.data_root, self.init_from, self.progress, self.log = \
-            data_root, init_from, progress, log
+    data_root: str | Path
+    init_from: str | None
+    progress: bool
+    log: Callable
 
     def tokens(self, cfg: DataConfig) -> PreparedTokens:
         return PreparedTokens(cfg, self.data_root, self.progress)
@@ -88,14 +78,14 @@ class TrainingDataOpener:
 
 
 class PreparedTokens:
-    """A run's tokens on disk, prepared if needed (``prepare_tokens``); ``data_module`` serves
-    them in batches once the model's context is known."""
+    """A run's tokens on disk, prepared if needed (``prepare_dataset``; token shards are read as
+    they are); ``data_module`` serves them in batches once the model's context is known."""
 
     template = None  # no chat template: the loss trains on every token
 
     def __init__(self, config: DataConfig, data_root: str | Path, progress: bool = True):
         self.config, self.data_root = config, Path(data_root).expanduser().resolve()
-        self.meta = prepare_tokens(config, self.data_root, progress=progress)
+        self.meta = prepare_dataset(config, self.data_root, progress=progress)
         self.tokenizer = tokenizer_from_dict(self.meta["tokenizer"])
         self.min_vocab = self.tokenizer.vocab_size  # the rows the ids need
 
@@ -150,7 +140,8 @@ class _Windows(IterableDataset):
 
 
 class RandomWindows(_Windows):
-    """Endless training batches ``start_batch, start_batch + 1, ...`` (see ``window_starts``)."""
+    """Endless training batches ``start_batch, start_batch + 1, ...`` (see ``window_starts``);
+    with ``num_workers`` W > 0, worker w makes batches w, w + W, ... (the loader keeps the order)."""
 
     def __init__(self, tokens, context_length, batch_size, seed, rank, start_batch=0,
                  pool: np.ndarray | None = None):
@@ -178,11 +169,11 @@ class RandomWindows(_Windows):
 
 
 class FixedWindows(_Windows):
-    """Finite batches over the given window starts, in order."""
+    """Finite batches over the given batches of window starts, in order."""
 
-    def __init__(self, tokens, context_length, starts: np.ndarray, batch_size: int):
+    def __init__(self, tokens, context_length, batches: list[np.ndarray]):
         super().__init__(tokens, context_length)
-        self.batches = [starts[i:i + batch_size] for i in range(0, len(starts), batch_size)]
+        self.batches = batches
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -194,13 +185,11 @@ class FixedWindows(_Windows):
 
 
 class TokenDataModule(ResumableBatches):
-    """Prepared token files as batches (see the module docstring for the batches).
+    """Prepared token files (or shards) as batches: ``prepare_data()`` prepares them if needed,
+    ``setup()`` makes the rows; ``meta``, ``tokenizer`` and ``vocab_size`` need only the files.
+    ``rank`` and ``world_size`` say which process's share to deal out."""
 
-    ``prepare_data()`` prepares the files if needed; ``setup()`` memory-maps them. ``meta``,
-    ``tokenizer`` and ``vocab_size`` are available once the files exist, before ``setup()``, so a
-    model can be sized from them. ``rank`` and ``world_size`` say which process's share to deal
-    out. Its training stream's position goes into checkpoints (``ResumableBatches``).
-    """
+    older = {"align": "window", "packing": "in_order", "sampling": "random"}  # before documents
 
     def __init__(self, data_cfg: Any, context_length: int, seed: int = 1337, data_root: str = "data",
                  *, rank: int = 0, world_size: int = 1):
@@ -226,14 +215,10 @@ class TokenDataModule(ResumableBatches):
 
     @property
     def meta(self) -> dict:
+        """The source's ``stored_meta``: refusing files prepared from other sources or settings."""
         if self._meta is None:
-            self._meta = self._load_meta()
+            self._meta = source_for(self.config).stored_meta(self.config, self.directory)
         return self._meta
-
-    def _load_meta(self) -> dict:
-        """The prepared meta, refusing files prepared from other sources or settings; for
-        token shards, what their headers say (the source's ``stored_meta``)."""
-        return source_for(self.config).stored_meta(self.config, self.directory)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -258,10 +243,11 @@ class TokenDataModule(ResumableBatches):
     # ---- files ---------------------------------------------------------------------------
 
     def prepare_data(self) -> None:
-        self._meta = prepare_tokens(self.config, self.data_root)
+        self._meta = prepare_dataset(self.config, self.data_root)
 
     def setup(self, stage: str | None = None) -> None:
-        self._meta = meta = self._load_meta()  # again: another process may have prepared
+        self._meta = None  # read again: another process may have prepared
+        meta = self.meta
         need = self.context_length + 1
         for split in ("train", "val"):
             if meta[f"{split}_tokens"] < need:
@@ -321,16 +307,10 @@ class TokenDataModule(ResumableBatches):
     def val_dataloader(self) -> DataLoader:
         if self._val_starts is None:
             self.setup("validate")
-        rank, world = self.rank, self.world_size
-        # every rank gets the same number of windows (collectives stay in step); the last
-        # len % world windows are left out under DDP
-        per_rank = len(self._val_starts) // world
-        if per_rank == 0:
-            raise DataError(f"{len(self._val_starts)} validation window(s) cannot be shared by "
-                            f"{world} processes; raise data.val_tokens or val_fraction")
-        starts = self._val_starts[rank::world][:per_rank]
-        dataset = FixedWindows(self.split_tokens("val"), self.context_length, starts,
-                               self.config.val_batch_size or self.batch_size)
+        batches = rank_batches(self._val_starts, self.rank, self.world_size,
+                               self.config.val_batch_size or self.batch_size, "window",
+                               "raise data.val_tokens or val_fraction")
+        dataset = FixedWindows(self.split_tokens("val"), self.context_length, batches)
         dataset.vocab_size, dataset.document_bos = self.meta["vocab_size"], self.document_bos
         dataset.packed = self._packed.get("val")
         return self._loader(dataset, persistent=True)
@@ -344,9 +324,3 @@ class TokenDataModule(ResumableBatches):
         if self._meta is not None:
             settings["fingerprint"] = self._meta.get("fingerprint")
         return settings
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state, older=_BEFORE_DOCUMENTS)
-
-
-_BEFORE_DOCUMENTS = {"align": "window", "packing": "in_order", "sampling": "random"}
