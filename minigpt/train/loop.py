@@ -1,14 +1,8 @@
-"""The training loop, written out like nanoGPT's and run by Lightning Fabric.
+"""The training loop, written out like nanoGPT's and run by Lightning Fabric (devices, strategy,
+precision, loggers). A micro-batch that does not log copies nothing from the device to the host.
 
-Fabric owns the devices, the strategy (one process, DDP, FSDP, several nodes), precision and the
-loggers; this module owns the step, accumulation, logging, validation, samples and checkpoints.
-A micro-batch that does not log copies nothing from the device to the host: the loss
-accumulates on the device and is read back once per logging step.
-
-Hooks for tests and tools: ``Fabric(callbacks=[...])`` objects may define
-``on_train_batch_start(loop, micro)`` (before each micro-batch) and
-``on_train_step_end(loop, loss)`` (after each optimizer step; ``loss`` is on the device).
-Shape letters: B batch, T tokens.
+Hooks: ``Fabric(callbacks=[...])`` objects may define ``on_train_batch_start(loop, micro)`` and
+``on_train_step_end(loop, loss)`` (``loss`` on the device). Shape letters: B batch, T tokens.
 """
 
 from __future__ import annotations
@@ -17,6 +11,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import torch
 from lightning.fabric import Fabric
@@ -40,24 +35,12 @@ from minigpt.train.sample import Sampler, gathered_parameters
 from minigpt.window import follow_window_schedule
 
 
-class AuxiliaryWorkError(UserError, RuntimeError):
-    """Work beside training (an evaluation) failed after the step's checkpoint was written: the
-    message names the step, the error's first line, and how to resume."""
-
-
 class ModelWithLoss(nn.Module):
-    """A GPT and its training objective as one module, which Fabric wraps (DDP, FSDP,
-    precision): a step is one forward through the wrapper, (B, T) tokens and targets in, the
-    mean loss out. Its state dict is the model's prefixed ``model.``, every checkpoint's layout.
-
-    With ``compile=True``, the loss (forward, LM head and cross-entropy) is compiled as one graph
-    and the module itself is not wrapped, so parameter names keep no ``_orig_mod.`` prefix and
-    sampling runs the model eagerly. Under FSDP the graph breaks at each unit, so it is not
-    required to be whole there. With ``compile="blocks"`` each transformer block's training
-    call is compiled instead (one graph that every block reuses; built before Fabric wraps or
-    shards the model), its activation checkpointing included, and so is the LM-head loss (a
-    second graph: eager, the head's float32 (B, T, V) logits cost as much as several blocks);
-    the embeddings and the final norm stay eager."""
+    """A GPT and its training objective as one module for Fabric to wrap: (B, T) tokens and
+    targets in, the mean loss out; its state dict is the model's prefixed ``model.``.
+    ``compile=True`` compiles the loss as one graph (``fullgraph`` unless FSDP splits it) and
+    leaves parameter names unprefixed; ``"blocks"`` compiles each block's training call and the
+    LM-head loss, the embeddings and final norm staying eager."""
 
     def __init__(self, model: GPT, compile: bool | str = False, fullgraph: bool = True):
         super().__init__()
@@ -82,9 +65,7 @@ class ModelWithLoss(nn.Module):
 def clip_gradients(fabric: Fabric, module, grad_clip: float | None,
                    fabric_optimizer=None) -> torch.Tensor:
     """Clip the global gradient norm of ``module`` at ``grad_clip`` (none: inf); return the norm
-    before clipping, on the device. ``error_if_nonfinite=True`` would read it back to the host.
-    ``fabric_optimizer``: under FSDP or fp16 precision, the run's one optimizer, and Fabric
-    clips."""
+    before clipping, on the device. Given ``fabric_optimizer`` (FSDP, fp16), Fabric clips."""
     max_norm = grad_clip or math.inf
     if fabric_optimizer is not None:  # the norm over all of FSDP's shards; fp16 unscaled first
         return fabric.clip_gradients(module, fabric_optimizer, max_norm=max_norm,
@@ -98,12 +79,10 @@ def clip_gradients(fabric: Fabric, module, grad_clip: float | None,
 def optimizer_step(fabric: Fabric, module: nn.Module, optimizers: dict, schedulers: dict,
                    batches, *, accumulate: int = 1, clip_gradients: Callable[[], torch.Tensor],
                    loop: Loop | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """One optimizer step of the loop, callable alone (``bench`` times it): ``accumulate``
-    micro-batches ``(x, y)`` (or ``(x, y, document_ids)``) from the iterator ``batches`` through ``module`` (a ``ModelWithLoss``
-    set up by ``fabric``), then ``clip_gradients()`` and a step of each optimizer and its
-    scheduler (both dicts by name). Returns the step's mean loss and the gradient norm before
-    clipping, both still on the device, and the learning rates the step used (``lr``,
-    ``lr_<name>``). Fabric callbacks' ``on_train_batch_start`` get ``loop``."""
+    """One optimizer step, callable alone (``bench`` times it): ``accumulate`` micro-batches from
+    ``batches`` through ``module`` (a ``ModelWithLoss`` set up by ``fabric``), then
+    ``clip_gradients()`` and a step of each optimizer and its scheduler. Returns the mean loss and
+    the gradient norm (both on the device) and the learning rates used (``lr``, ``lr_<name>``)."""
     step_loss = torch.zeros((), device=fabric.device)
     for micro in range(accumulate):
         x, y, *documents = fabric.to_device(next(batches))  # (B, T) each; document ids if masked
@@ -125,9 +104,8 @@ def optimizer_step(fabric: Fabric, module: nn.Module, optimizers: dict, schedule
 
 @dataclass
 class Progress:
-    """Where the run stands, and every counter that decides what happens at a step: saved in
-    every checkpoint and restored, so a resumed run validates, evaluates, samples and tracks its
-    target at the steps the uninterrupted run does, and reports what it would."""
+    """Where the run stands: every counter that decides what happens at a step, saved in every
+    checkpoint so a resumed run does what the uninterrupted run would."""
 
     global_step: int = 0
     best_val_loss: float | None = None
@@ -136,16 +114,14 @@ class Progress:
     train_seconds: float = 0.0  # training time so far (validation excluded)
     target: dict | None = None  # what reaching trainer.target_val_loss took, once it has
     eval_metrics: dict = field(default_factory=dict)  # the latest HellaSwag scores
-    batch: dict | None = None  # the batch this run trains with (auto_batch.batch_record)
+    batch: dict | None = None  # the batch this run trains with (plan.batch_record)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def restored(cls, stored: dict, val_every: int) -> Progress:
-        """The progress a checkpoint holds. Checkpoints written before the counters were saved
-        hold only the step and losses: the validations are derived from the step (one every
-        ``val_every`` steps), the rest start empty."""
+        """The progress a checkpoint holds; an older one's validations derived from the step."""
         step = int(stored["global_step"])
         validations = stored.get("validations")
         return cls(step, stored.get("best_val_loss"), stored.get("val_loss"),
@@ -155,14 +131,10 @@ class Progress:
 
 
 class Loop:
-    """A run's training loop; ``fit()`` runs it to ``plan.max_steps``.
-
-    Collaborators: ``fabric``; ``module`` (``ModelWithLoss``, set up by Fabric); ``optimizers``
-    and ``schedulers`` by name (``"optimizer"``: AdamW, ``"muon"``); ``data``; ``checkpoints``;
-    ``sampler``; ``eval_items`` (each evaluation task with its items, scored every
-    ``eval.every`` validations, or None); ``chat_template`` (the template of a run on
-    conversations, which its checkpoints store). Settings: ``plan`` (resolved once, batch included) and ``settings``, the run's typed
-    config. ``bytes_per_token``: UTF-8 bytes per validation token, for bits per byte."""
+    """A run's training loop; ``fit()`` runs it to ``plan.max_steps``. ``module``: a
+    ``ModelWithLoss`` set up by Fabric; ``optimizers`` and ``schedulers`` by name; ``eval_items``:
+    the evaluation tasks' items, or None; ``bytes_per_token``: for bits per byte;
+    ``chat_template``: a conversation run's template, stored in its checkpoints."""
 
     def __init__(self, fabric: Fabric, plan: RunPlan, settings: TrainSchema, *,
                  module: nn.Module, optimizers: dict, schedulers: dict, data: TokenDataModule,
@@ -186,17 +158,14 @@ class Loop:
     def train_step(self, batches) -> tuple[torch.Tensor, torch.Tensor]:
         """``plan.batch.accumulate`` micro-batches, then one optimizer step. Returns the step's
         mean loss and the gradient norm before clipping, both still on the device."""
+        by_fabric = self.plan.fsdp or self.plan.precision.startswith("16")
+        clip = partial(clip_gradients, self.fabric, self.module, self.settings.optim.grad_clip,
+                       self.optimizers["optimizer"] if by_fabric else None)
         loss, grad_norm, lrs = optimizer_step(
             self.fabric, self.module, self.optimizers, self.schedulers, batches,
-            accumulate=self.plan.batch.accumulate, clip_gradients=self.clip_gradients, loop=self)
+            accumulate=self.plan.batch.accumulate, clip_gradients=clip, loop=self)
         self.lrs.update(lrs)
         return loss, grad_norm
-
-    def clip_gradients(self) -> torch.Tensor:
-        """``clip_gradients`` at ``optim.grad_clip``, as this run's plan needs it."""
-        by_fabric = self.plan.fsdp or self.plan.precision.startswith("16")
-        return clip_gradients(self.fabric, self.module, self.settings.optim.grad_clip,
-                              self.optimizers["optimizer"] if by_fabric else None)
 
     # ---- the run --------------------------------------------------------------------------------
     def fit(self) -> Progress:
@@ -248,9 +217,8 @@ class Loop:
     # ---- validation, samples, checkpoints -------------------------------------------------------
     @torch.no_grad()
     def validate(self) -> float:
-        """Mean loss per trained target over the fixed validation batches of all processes (a
-        target of -100, the loss's ignore_index, does not count: fine-tuning's prompts, padding):
-        the same number for any process count and batch size."""
+        """Mean loss per trained target (``IGNORE_INDEX`` targets do not count) over the fixed
+        validation batches of all processes: the same for any process count and batch size."""
         fabric, limit = self.fabric, self.plan.limit_val_batches
         loader = self.data.val_dataloader()
         n = len(loader) if limit is None else min(len(loader), limit if isinstance(limit, int)
@@ -270,10 +238,8 @@ class Loop:
         return float(total[0] / total[1].clamp(min=1))
 
     def validate_and_checkpoint(self, bar) -> None:
-        """Validate, then write the step's checkpoint, then evaluate and sample: auxiliary work
-        that fails never costs the training before it. A run that dies during evaluation resumes
-        from this step's checkpoint without that evaluation; a Ctrl-C or SIGTERM lets it finish
-        and saves again."""
+        """Validate, write the step's checkpoint, then evaluate and sample: auxiliary work that
+        fails never costs the training before it."""
         step = self.progress.global_step
         loss = self.validate()
         metrics = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
@@ -313,7 +279,7 @@ class Loop:
                     batch_size=self.settings.eval.batch_size, autocast=self.fabric.autocast)
         except Exception as e:  # the step's checkpoint is on disk: say how to continue from it
             last = self.checkpoints.directory / LAST
-            raise AuxiliaryWorkError(
+            raise UserError(
                 f"step {step}: the evaluation failed ({first_line(e)}); the "
                 f"checkpoint of step {step} is saved: resume with `python train.py "
                 f"ckpt_path={last} eval.every=0` (or fix eval.*)") from e
@@ -363,9 +329,7 @@ class Loop:
     # ---- throughput -----------------------------------------------------------------------------
     def _throughput(self) -> Throughput:
         """Lightning's throughput counter over the last logging interval, with MFU where the
-        device's peak is known. FLOPs per token: the model's formula (nanoGPT's 6 N + 12 L T C),
-        not ``measure_flops`` on every run: it needs no traced step, and the two agree (to 0.1%
-        for GPT-2 small: both count the full (T, T) square of attention scores)."""
+        device's peak is known."""
         fabric = self.fabric
         peak = self.settings.peak_flops
         if peak is None and fabric.device.type == "cuda":
@@ -377,8 +341,7 @@ class Loop:
 
 class TrainingClock:
     """Training time (validation excluded) and tokens, fed to Lightning's ``Throughput`` at each
-    step; read at logging steps, right after the host sync, so the window between two of them
-    holds the time the device took."""
+    step and read right after a logging step's host sync."""
 
     def __init__(self, throughput: Throughput, plan: RunPlan, flops_per_token: float | None = None,
                  elapsed: float = 0.0):
