@@ -1,19 +1,11 @@
-"""Activation checkpointing per transformer block (``trainer.activation_checkpointing``): a
-block's backward recomputes what its forward did not keep, trading compute for memory.
+"""Activation checkpointing per transformer block (``trainer.activation_checkpointing``):
+``none`` keeps all that backward needs; ``blocks`` keeps each block's input and reruns its
+forward in backward; ``selective`` also keeps the matmuls' and the attention's outputs
+(``SELECTIVE_SAVES``) and recomputes the rest (norms, GELU, residual adds).
 
-* ``none``: every block keeps all that its backward needs (the default).
-* ``blocks``: each block keeps only its input; its backward reruns the block's forward first.
-* ``selective``: each block also keeps the results that are cheap to store and costly to
-  recompute (``SELECTIVE_SAVES``: the linear layers' outputs and the attention's), and
-  recomputes the rest (norms, GELU, residual adds) from them.
-
-``apply_activation_checkpointing`` works in place on ``model.blocks``, before Fabric wraps the
-model (one device, DDP or FSDP: the checkpoint then runs inside each FSDP unit) and before
-anything compiles a block (a compiled block compiles the checkpointed forward). Each block's
-``forward`` becomes an instance attribute that runs the block under ``torch.utils.checkpoint``
-(non-reentrant; selective through ``create_selective_checkpoint_contexts``), so the module tree,
-the parameter names and the state-dict keys stay the model's own and checkpoints interchange
-between modes. A call without gradients (sampling, evaluation, decoding) runs the plain forward.
+Applied in place to ``model.blocks`` before Fabric wraps the model and before anything compiles
+a block; parameter names and state-dict keys stay the model's, so checkpoints interchange
+between modes. A call without gradients runs the plain forward.
 """
 
 from __future__ import annotations

@@ -18,8 +18,7 @@ def check_config(cfg: TrainSchema | DictConfig) -> TrainSchema:
     schema's types and rules (``minigpt.config.rules``), then what this machine can run.
     Returns the config as a ``TrainSchema`` (converted once if it came composed)."""
     train = typed(cfg, TrainSchema)
-    problems = train_problems(train)
-    problems += _machine_problems(train.trainer) or _device_problems(train.trainer)
+    problems = train_problems(train) + _machine_problems(train.trainer)
     if problems:
         raise ConfigError("bad config: " + "; ".join(problems))
     return train
@@ -27,24 +26,18 @@ def check_config(cfg: TrainSchema | DictConfig) -> TrainSchema:
 
 def _machine_problems(t: TrainerSchema) -> list[str]:
     """Settings this machine cannot run, named with what it offers."""
-    accelerator = t.accelerator
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    offers = f"{gpus} GPU(s)" if gpus else "no GPU (CUDA is not available), only the CPU"
-    if accelerator in ("gpu", "cuda") and not gpus:
-        return [f"trainer.accelerator={accelerator} but this machine has {offers}; use "
-                "trainer.accelerator=cpu or auto"]
-    return []
-
-
-def _device_problems(t: TrainerSchema) -> list[str]:
     accelerator, devices = t.accelerator, t.devices
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if accelerator in ("gpu", "cuda") and not gpus:
+        return [f"trainer.accelerator={accelerator} but this machine has no GPU (CUDA is not "
+                "available), only the CPU; use trainer.accelerator=cpu or auto"]
     if devices in ("auto", -1, "-1", None) or isinstance(devices, str):
         return []
     count = len(devices) if isinstance(devices, list) else devices
     if not isinstance(count, int) or count < 1:
         return [f"trainer.devices={devices!r} must be a positive integer, a list of ids, or auto"]
-    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
-        have, what = torch.cuda.device_count(), "GPU(s)"
+    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and gpus):
+        have, what = gpus, "GPU(s)"
     else:
         have, what = os.cpu_count() or 1, "CPU core(s) (one process each)"
     if count > have:

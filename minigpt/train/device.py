@@ -1,8 +1,5 @@
 """The machine a run trains on: which device, in which precision, whether it compiles, and
-Lightning Fabric for the plan (``build_fabric``: accelerator, devices and nodes from the
-``trainer`` group, the strategy (FSDP with one unit per transformer block and float32 gradient
-reduction), precision, loggers and hooks). Activation checkpointing is not Fabric's here: the blocks are checkpointed before Fabric
-wraps them, on every strategy alike (``minigpt.train.activation_checkpointing``)."""
+Lightning Fabric for the plan (``build_fabric``; FSDP with one unit per transformer block)."""
 
 from __future__ import annotations
 
@@ -31,10 +28,9 @@ MIXED_PRECISION = {torch.bfloat16: "bf16-mixed", torch.float16: "16-mixed",
 
 
 def default_precision(accelerator: str) -> str:
-    """Lightning precision for a device: mixed precision in the one number type that
-    ``minigpt.devices.preferred_dtype`` picks for it (``bf16-mixed`` where the hardware
-    multiplies bf16 natively, ``16-mixed`` on older GPUs), ``32-true`` elsewhere (a GPU
-    accelerator on a machine without one, other accelerators)."""
+    """Lightning precision for a device: mixed precision in ``minigpt.devices.preferred_dtype``'s
+    number type (``bf16-mixed`` where bf16 is native, ``16-mixed`` on older GPUs), else
+    ``32-true``."""
     device_type = {"gpu": "cuda", "cpu": "cpu"}.get(resolve_accelerator(accelerator))
     if device_type is None or (device_type == "cuda" and not torch.cuda.is_available()):
         return "32-true"
@@ -42,14 +38,10 @@ def default_precision(accelerator: str) -> str:
 
 
 def fsdp_mixed_precision(precision: str):
-    """FSDP's ``MixedPrecision`` for a Lightning precision: parameters unsharded in the half
-    type for the matmuls, gradients reduced and buffers kept in float32 (a sum over many ranks
-    in bf16 loses the small contributions). None where FSDP needs no casting (``32-true``) or
-    the user chose a pure half-precision run (``bf16-true``), which Lightning configures.
-
-    ``cast_forward_inputs``: each Block unit casts its input to the half type, so a forward
-    outside training (sampling, where only the root's parameters are gathered, in float32) feeds
-    the blocks what training feeds them."""
+    """FSDP's ``MixedPrecision`` for a ``*-mixed`` precision (else None: Lightning's): parameters
+    unsharded in the half type, gradients reduced and buffers kept in float32 (a bf16 sum over
+    many ranks loses the small contributions); each Block unit casts its input, so a forward
+    outside training (sampling) feeds the blocks what training does."""
     half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(str(precision))
     if half is None:
         return None
@@ -77,9 +69,8 @@ DENSE_PEAK_FLOPS = {
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
-    """The device's dense peak FLOP/s in ``dtype`` for MFU (``float32`` meaning TF32 matmuls
-    off): ``DENSE_PEAK_FLOPS`` for the GPUs it names, else Lightning's ``get_available_flops``;
-    None where neither knows the device (``peak_flops`` in the config gives it)."""
+    """The device's dense peak FLOP/s in ``dtype`` for MFU: ``DENSE_PEAK_FLOPS``, else
+    Lightning's ``get_available_flops``; None where neither knows the device."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device).lower()
         for fragment, flops in DENSE_PEAK_FLOPS.items():  # the more specific name first
@@ -91,9 +82,8 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
 
 
 def build_fabric(trainer: TrainerSchema, plan, loggers: list, callbacks=()) -> Fabric:
-    """The Fabric for ``plan`` (it launches nothing until ``fabric.launch()``). Lightning's own
-    checks (no GPU for accelerator=gpu, FSDP on a CPU, an unknown strategy) come back as one
-    ``ConfigError`` line."""
+    """The Fabric for ``plan`` (it launches nothing until ``fabric.launch()``); Lightning's own
+    refusals come back as one ``ConfigError`` line."""
     try:
         return Fabric(
             accelerator=trainer.accelerator, devices=trainer.devices, num_nodes=trainer.num_nodes,
@@ -110,9 +100,8 @@ def build_fabric(trainer: TrainerSchema, plan, loggers: list, callbacks=()) -> F
 
 
 def fsdp_strategy(plan, fsdp: FSDPSchema):
-    """One FSDP unit per transformer block (each checkpointed inside its unit when the run asks,
-    before wrapping); sharded checkpoints (each rank writes its shard, resumable on any number of processes) or
-    one full file gathered into rank 0's memory."""
+    """One FSDP unit per transformer block; sharded checkpoints (a shard per rank) or one full
+    file gathered on rank 0."""
     return FSDPStrategy(
         auto_wrap_policy={Block},
         sharding_strategy=fsdp.sharding_strategy,

@@ -1,19 +1,8 @@
-"""Ctrl-C and SIGTERM: finish the step, save ``last.ckpt``, exit 130 / 143. A second Ctrl-C
-ends the process at once, whatever the main thread is inside, leaving the last complete
-checkpoint as it was (checkpoints are written under a temporary name and renamed).
-
-Python runs a signal handler only between bytecodes of the main thread, so a Ctrl-C during a
-native call (a backward pass of minutes) waits for the call to return. Two things make the
-second one immediate: the first one's handler gives SIGINT back to the operating system
-(``SIG_DFL``: the next one kills the process), and ``signal.set_wakeup_fd`` hands every signal
-number to a watcher thread the moment the signal arrives; it announces the first Ctrl-C and ends
-the process (``os._exit``) at the second, while the main thread is still in the call (torch
-releases the GIL inside its operations).
-
-Schedulers (SLURM, Kubernetes, torchrun) send SIGTERM to every process; a terminal sends Ctrl-C
-to every process of the foreground group. The processes may notice it at different steps, so
-under several processes they agree at each step boundary, over a small CPU-side (gloo) group
-that never waits on the GPU, and all stop at the same step."""
+"""Ctrl-C and SIGTERM: finish the step, save ``last.ckpt``, exit 130 / 143; several processes
+agree at each step boundary (over a CPU-side gloo group) and stop at the same step. A second
+Ctrl-C ends the process at once, even inside a long native call such as a backward pass (a
+watcher thread hears it through ``signal.set_wakeup_fd``), leaving the last complete checkpoint
+as it was."""
 
 from __future__ import annotations
 

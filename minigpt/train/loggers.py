@@ -1,7 +1,6 @@
-"""The run's loggers, as Lightning Fabric loggers: CSV (``csv/metrics.csv``) for ``logger=csv``
-and ``logger=wandb``, plus wandb (offline unless logged in) for the latter; none for
-``logger=none``. A run resumed in its own directory continues both: the CSV log keeps the rows
-up to the checkpoint's step, and wandb continues the same run id."""
+"""The run's Fabric loggers: CSV (``csv/metrics.csv``) for ``logger=csv`` and ``logger=wandb``,
+plus wandb (offline unless logged in) for the latter. A run resumed in its own directory
+continues both."""
 
 from __future__ import annotations
 
@@ -30,9 +29,8 @@ def _wandb_logged_in() -> bool:
 
 def build_loggers(logger_cfg: LoggerSchema, run_dir: Path,
                   resume_step: int | None = None) -> list[Logger]:
-    """The loggers for ``logger.type``; ``resume_step``: the step of the checkpoint the run
-    resumes from, if any. Nothing is written until ``start`` or the first thing logged, so a run
-    that fails its checks leaves no log directory behind."""
+    """The loggers for ``logger.type``; ``resume_step``: the resumed checkpoint's step. Nothing is
+    written before ``start`` or the first thing logged."""
     kind = logger_cfg.type  # one of the three: minigpt.config.rules checks it
     if kind == "none":
         return []
@@ -42,10 +40,8 @@ def build_loggers(logger_cfg: LoggerSchema, run_dir: Path,
 
 class ContinuedCSV(CSVLogger):
     """Fabric's CSV logger on ``<run_dir>/csv/metrics.csv``, written through at every logging
-    step (a user watching the file sees it grow). Resumed in the same run directory, ``start``
-    keeps the earlier rows up to the checkpoint's step and drops those past it (the interrupted
-    process wrote them, and this one logs those steps again), so the file reads as one
-    uninterrupted run; Fabric's logger alone would delete the file."""
+    step. Resumed in the same run directory, ``start`` keeps the earlier rows up to the
+    checkpoint's step (Fabric's logger alone would delete the file), so it reads as one run."""
 
     def __init__(self, run_dir: Path, resume_step: int | None = None):
         super().__init__(root_dir=run_dir, name="csv", version="", flush_logs_every_n_steps=1)
@@ -83,11 +79,9 @@ def _step(row: dict) -> int:
 
 class WandbRun(Logger):
     """A wandb run as a Fabric logger: started by ``start()`` on rank 0 (offline unless logged
-    in; never prompts), inert elsewhere or when wandb cannot start (the CSV log still has it all).
-
-    Written here rather than Lightning's ``WandbLogger``: that one always passes wandb a
-    deprecated argument that wandb warns about on every run, and raises in the middle of training
-    when wandb fails to start; this one calls only wandb's public ``init``/``log``."""
+    in; never prompts), inert elsewhere or when wandb cannot start (the CSV log has it all).
+    Unlike Lightning's ``WandbLogger`` it never raises mid-training and uses only wandb's public
+    ``init``/``log``."""
 
     def __init__(self, logger_cfg: LoggerSchema, run_dir: Path, resume_step: int | None = None):
         self.cfg, self.run_dir, self.resume_step = logger_cfg, Path(run_dir), resume_step

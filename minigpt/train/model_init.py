@@ -30,11 +30,10 @@ def padded_vocab_size(tokenizer_vocab: int, pinned: int | None) -> int:
 
 def init_model(model_cfg: ModelSchema | dict, tokenizer, vocab_size: int,
                min_vocab: int | None = None) -> GPT:
-    """A fresh ``GPT``, or weights from ``model.init_from``: a Hugging Face GPT-2 directory
-    (``GPT.from_pretrained``) or one of our ``.ckpt`` files. A pretrained source fixes the
-    architecture; ``model.dropout`` (and, for GPT-2, a shorter ``model.context_length``) apply.
-    ``min_vocab``: the rows the run's ids need (a chat template's special tokens); a pretrained
-    model with fewer is grown (``grow_vocab``)."""
+    """A fresh ``GPT``, or weights from ``model.init_from`` (a Hugging Face GPT-2 directory or
+    one of our ``.ckpt`` files: the architecture fixed, ``model.dropout`` and a shorter
+    ``model.context_length`` applied). ``min_vocab``: the rows the run's ids need (a chat
+    template's special tokens); a pretrained model with fewer is grown (``grow_vocab``)."""
     if isinstance(model_cfg, dict):  # a dict of its fields, for scripts
         model_cfg = ModelSchema(**model_cfg)
     source = model_cfg.init_from
@@ -77,9 +76,8 @@ def init_model(model_cfg: ModelSchema | dict, tokenizer, vocab_size: int,
 
 @torch.no_grad()
 def grow_vocab(model: GPT, vocab_size: int) -> GPT:
-    """A copy of ``model`` with ``vocab_size`` rows in every per-token table (the token
-    embedding, an untied LM head, value embeddings); each new row is the mean of the old rows
-    of its table, so a new token starts as an average token rather than a random one."""
+    """A copy of ``model`` with ``vocab_size`` rows in every per-token table (embeddings, an
+    untied LM head); each new row is the mean of its table's old rows (an average token)."""
     old_rows = model.config.vocab_size
     grown = GPT(GPTConfig.from_dict({**model.config.to_dict(), "vocab_size": vocab_size}))
     target = grown.state_dict()

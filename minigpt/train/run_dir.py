@@ -1,12 +1,6 @@
 """One run per directory: a new run never writes where another run's checkpoints are, one
-process at a time writes into a run directory, and a run that fails before it trains leaves
-nothing behind.
-
-``configs/train.yaml`` names the run directory ``${run_dir:outputs/<date>}``: the resolver claims
-``<HH-MM-SS>`` under it with an atomic ``mkdir`` (``-2``, ``-3``, ... when runs start in the same
-second), or returns the id that every rank of a torchrun / SLURM launch shares. ``LockRunDir``
-(a Hydra callback, registered under ``hydra.callbacks`` in configs/train.yaml) takes the run
-directory's lock before Hydra writes there.
+process at a time writes into a run directory (``LockRunDir``, a Hydra callback, locks it before
+Hydra writes there), and a run that fails before it trains leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -44,9 +38,8 @@ def run_id() -> str:
 
 
 def launch_rank() -> int:
-    """This process's rank in its launch: Lightning's ``rank_zero_only.rank`` once Lightning set
-    it, else the launcher's environment read as Lightning reads it (train.py takes the run
-    directory and checks its config before it imports Lightning)."""
+    """This process's rank in its launch: Lightning's once set, else the launcher's environment
+    read as Lightning reads it (train.py locks the run directory before it imports Lightning)."""
     from lightning_utilities.core.rank_zero import rank_zero_only  # Lightning's, without it
 
     rank = getattr(rank_zero_only, "rank", None)
@@ -106,9 +99,8 @@ def remove_unstarted(run_dir: Path) -> None:
 
 
 def hold_run_dir(run_dir: Path, ckpt_path: str | None) -> RunDirLock:
-    """This process's writer lock on ``run_dir``: the one it took already (``train.py`` takes it
-    in a Hydra callback, before Hydra writes ``.hydra/`` there), else the directory is checked
-    free (``check_run_dir_free``) and locked now. The caller releases it."""
+    """This process's writer lock on ``run_dir``: the one ``LockRunDir`` took already, else the
+    directory checked free and locked now. The caller releases it."""
     held = _HELD.get(run_dir)
     if held is not None and held.file is not None:
         return held
@@ -118,14 +110,9 @@ def hold_run_dir(run_dir: Path, ckpt_path: str | None) -> RunDirLock:
 
 
 class RunDirLock:
-    """The one writer of a run directory: an advisory ``flock`` on ``<run_dir>/.writer.lock``,
-    taken by ``acquire`` before the run writes anything there and dropped by ``release`` (or by
-    the kernel when the process dies, so a crash leaves no stale lock).
-
-    Only the launch's global rank 0 takes it: the other ranks of the same launch write nothing
-    of their own there and start after it (Fabric spawns them) or with it (torchrun, SLURM), so
-    they must not refuse each other. A second launch's rank 0 is refused with one line naming
-    the holder."""
+    """The one writer of a run directory: an advisory ``flock`` on ``<run_dir>/.writer.lock``
+    (the kernel drops it when the process dies: no stale lock). Only a launch's rank 0 takes it,
+    so its other ranks do not refuse each other; a second launch is refused naming the holder."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / LOCK_FILE
@@ -195,13 +182,9 @@ def _same_file(f, path: Path) -> bool:
 
 
 class LockRunDir(Callback):
-    """Takes the run directory's writer lock (``hold_run_dir``) in ``on_run_start``, the one
-    hook Hydra calls before it writes ``.hydra/*.yaml`` and ``train.log`` into the directory: a
-    second process aimed at a directory in use, or at a finished run's without ``ckpt_path``,
-    is refused with one line (exit status 2) and changes nothing there. The run then holds the
-    same lock (``minigpt.train.run.run``); it is released when the process exits.
-
-    A multirun's jobs (``-m``) get fresh directories; each job's run takes its own lock."""
+    """Takes the run directory's writer lock (``hold_run_dir``) in ``on_run_start``, before Hydra
+    writes ``.hydra/`` and ``train.log`` there: a second process aimed at a directory in use, or
+    at a finished run's without ``ckpt_path``, is refused in one line and changes nothing."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # Hydra's own first step of the job, done early: interpolations such as ${hydra:job.name}

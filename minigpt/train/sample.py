@@ -19,12 +19,9 @@ if TYPE_CHECKING:
 
 @contextlib.contextmanager
 def gathered_parameters(wrapped: nn.Module | None, recurse: bool = False):
-    """Full parameters of an FSDP-wrapped model while in this context; anything else as it is.
-
-    Code that calls the model outside the wrapped forward (sampling, a checksum) would see the
-    sharded root-level parameters (embeddings, final LayerNorm) of FSDP's root unit. With
-    ``recurse=False`` only those are gathered: each Block unit gathers its own in its forward.
-    A collective: every rank must enter it."""
+    """Full parameters of an FSDP-wrapped model inside this context (a collective: every rank
+    enters it), for calls outside the wrapped forward; anything else as it is. ``recurse=False``
+    gathers the root unit's only (each Block unit gathers its own in its forward)."""
     if wrapped is not None and torch.distributed.is_available():  # builds without it exist
         from torch.distributed.fsdp import FullyShardedDataParallel
 
