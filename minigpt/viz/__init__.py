@@ -1,7 +1,6 @@
-"""Seeing inside a model and a run, without a wandb account: ``attention_maps`` and
-``plot_attention`` (every layer's attention weights for a prompt, as heatmaps), ``load_run`` and
-``plot_runs`` (loss, learning rate and tokens/s from the CSV log of several runs). Command line:
-``python -m minigpt.viz attention|runs ...``; matplotlib is imported only when drawing.
+"""Seeing inside a model and a run: every layer's attention weights for a prompt as heatmaps
+(``attention_maps``), and loss, learning rate and tokens/s of runs' CSV logs (``run_plots``);
+``python -m minigpt.viz attention|runs``. matplotlib is imported only when drawing.
 """
 
 from minigpt.viz.attention_maps import attention_maps, plot_attention, token_labels

@@ -37,15 +37,21 @@ def run(cfg: VizSchema | DictConfig) -> str:
 
 def attention(cfg: VizSchema) -> str:
     from minigpt.files import text_lines
+    from minigpt.inference import load_for_inference
     from minigpt.viz.attention_maps import write_attention_map
 
-    model, tokenizer, source = _load_model(cfg)
+    loaded = load_for_inference(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root,
+                                device=cfg.device, dtype=cfg.dtype)
+    applied = loaded.place(cpu_speedups=cfg.cpu_speedups is not False)
+    print(f"{loaded.describe()}; cpu speedups: {', '.join(applied) or 'none apply'}",
+          file=sys.stderr)
     if cfg.prompt_file is not None:  # binary or undecodable content: named by file and line
         prompt = "".join(line for _, line in text_lines(cfg.prompt_file))
     else:
         prompt = DEFAULT_PROMPT if cfg.prompt is None else cfg.prompt
-    return write_attention_map(model, tokenizer, tokenizer.encode(prompt),
-                               cfg.out or "attention.png", cfg.layer, source)
+    return write_attention_map(loaded.model, loaded.tokenizer, loaded.tokenizer.encode(prompt),
+                               cfg.out or "attention.png", cfg.layer,
+                               Path(loaded.source).name if cfg.ckpt_path else loaded.source)
 
 
 def runs(cfg: VizSchema) -> str:
@@ -73,19 +79,6 @@ def _check_options(cfg: VizSchema) -> None:
                         "one label per run")
     if problems:
         raise ConfigError("; ".join(problems))
-
-
-def _load_model(cfg: VizSchema):
-    """(model, tokenizer, description), loaded and placed as generate.py does."""
-    from minigpt.inference import load_for_inference
-
-    loaded = load_for_inference(cfg.ckpt_path, cfg.pretrained, cfg.checkpoints_root,
-                                device=cfg.device, dtype=cfg.dtype)
-    applied = loaded.place(cpu_speedups=cfg.cpu_speedups is not False)
-    print(f"{loaded.describe()}; cpu speedups: {', '.join(applied) or 'none apply'}",
-          file=sys.stderr)
-    source = Path(loaded.source).name if cfg.ckpt_path else loaded.source
-    return loaded.model, loaded.tokenizer, source
 
 
 def viz_arguments(argv: list[str]) -> list[str]:

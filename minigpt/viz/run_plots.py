@@ -65,22 +65,18 @@ def find_logs(run_dir: str | Path) -> list[Path]:
         raise FileNotFoundError(f"run directory {str(root)!r} does not exist")
     hydra_runs = sorted(p.parent for p in root.rglob(".hydra"))
     if len(hydra_runs) > 1:
-        shown = ", ".join(str(p) for p in hydra_runs[:4])
-        raise ValueError(
-            f"{root} holds {len(hydra_runs)} runs ({shown}{', ...' if len(hydra_runs) > 4 else ''}); "
-            "pass each run directory you want on the figure"
-        )
+        shown = ", ".join(str(p) for p in hydra_runs[:4]) + (", ..." if len(hydra_runs) > 4 else "")
+        raise ValueError(f"{root} holds {len(hydra_runs)} runs ({shown}); pass each run directory "
+                         "you want on the figure")
     csvs = sorted(root.rglob("metrics.csv"), key=_version_order)
     if csvs:
         return csvs
     if any(root.rglob("*.wandb")):  # logger=wandb once wrote wandb's files alone
-        raise FileNotFoundError(
-            f"no metrics.csv under {root}, only wandb's run file: minigpt.viz plots the CSV "
-            "log; see this run in wandb (`wandb sync` it) or train again with logger=csv"
-        )
-    raise FileNotFoundError(
-        f"no metrics.csv under {root}; train with logger=csv (or logger=wandb) to get one"
-    )
+        raise FileNotFoundError(f"no metrics.csv under {root}, only wandb's run file: minigpt.viz "
+                                "plots the CSV log; see this run in wandb (`wandb sync` it) or "
+                                "train again with logger=csv")
+    raise FileNotFoundError(f"no metrics.csv under {root}; train with logger=csv (or "
+                            "logger=wandb) to get one")
 
 
 def load_run(run_dir: str | Path, name: str | None = None) -> Run:
@@ -88,26 +84,18 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
     merged: dict[str, dict[float, float]] = {}
     sources = find_logs(run_dir)
     for path in sources:
-        for row in read_csv(path):
-            step = row.get(STEP)
-            if step is None:
-                continue
-            for key, value in row.items():
-                if key not in (STEP, "epoch"):
-                    merged.setdefault(key, {})[step] = value
+        with open(path, newline="") as f:
+            for record in csv.DictReader(f):  # blank cells, and text, are not metrics
+                row = {key: _number(text) for key, text in record.items() if key is not None}
+                step = row.get(STEP)
+                for key, value in row.items():
+                    if step is not None and value is not None and key not in (STEP, "epoch"):
+                        merged.setdefault(key, {})[step] = value
     run = Run(name or str(run_dir), sources)
     for key, by_step in merged.items():
         steps = np.array(sorted(by_step), dtype=float)
         run.metrics[key] = (steps, np.array([by_step[s] for s in steps], dtype=float))
     return run
-
-
-def read_csv(path: str | Path) -> list[dict[str, float]]:
-    """The numeric cells of each row of a ``metrics.csv`` (blank cells skipped)."""
-    with open(path, newline="") as f:
-        rows = [{key: _number(text) for key, text in record.items() if key is not None}
-                for record in csv.DictReader(f)]
-    return [{key: value for key, value in row.items() if value is not None} for row in rows]
 
 
 def plot_runs(runs: list[Run], path: str | Path, title: str | None = None) -> tuple[int, int]:
