@@ -1,19 +1,10 @@
-"""Preparation: documents -> tokens -> ``<data_root>/<name>/{train.bin, val.bin, meta.json}``.
+"""Preparation: documents -> tokens -> ``<data_root>/<name>/{train.bin, val.bin, meta.json}``
+(nanoGPT's layout, ``minigpt.data.tokens``; an end-of-text token after every document).
 
-File layout (nanoGPT's, so tools that read it work; ``minigpt.data.tokens`` reads it back): each
-``.bin`` is the flat token stream of its split, native-endian ``uint16`` (``uint32`` when the
-vocabulary has more than 65536 ids), no header, an end-of-text token after every document.
-``meta.json`` holds the tokenizer (``to_dict()``), the dtype, the token counts and a fingerprint
-of the sources and settings.
-
-Guarantees:
-- idempotent: same fingerprint and intact files -> the existing files are reused (no ``datasets``
-  import, no reading of sources; well under a second);
-- atomic: everything is written into ``<data_root>/.tmp-<name>-*`` first, then moved into place with
-  ``os.replace``; ``meta.json`` is written last and is the "complete" marker, so an interrupted run
-  (Ctrl-C, kill -9) never leaves files a later run takes as complete, and a failed one leaves the
-  previous dataset untouched;
-- concurrent runs (DDP ranks, two terminals) serialise on ``<data_root>/.prepare.lock``.
+Idempotent (same fingerprint, intact files: reused without reading the sources), atomic (written
+under ``<data_root>/.tmp-<name>-*``, moved into place, ``meta.json`` last as the "complete"
+marker: an interrupted or failed run leaves the previous dataset untouched), and concurrent runs
+(DDP ranks, two terminals) serialise on ``<data_root>/.prepare.lock``.
 """
 
 from __future__ import annotations
@@ -32,14 +23,7 @@ from typing import Any
 import numpy as np
 
 from minigpt.data.config import DataConfig, DataError
-from minigpt.data.sources import (  # the fingerprint: what the prepared files depend on
-    document_transform,
-    fingerprint,
-    fingerprint_inputs,
-    load_source,
-    source_for,
-    text_column,
-)
+from minigpt.data.sources import fingerprint, source_for
 from minigpt.data.tokenize import Tokenize, text_of
 from minigpt.data.tokens import FORMAT_VERSION, SPLITS, dtype_for, load_meta
 from minigpt.errors import first_line
@@ -115,22 +99,25 @@ def _tokenize_and_write(cfg: DataConfig, tmp: Path, fp: str, progress: bool) -> 
     import datasets
     from tqdm.auto import tqdm
 
-    local = source_for(cfg).local
-    if progress and local:
-        print(f"reading {_where(cfg)}", file=sys.stderr, flush=True)
+    source = source_for(cfg)
+    if progress and source.local:
+        print(f"reading {source.where(cfg)}", file=sys.stderr, flush=True)
     # datasets' bar for reading local files is left unfinished by a file that fails to load, and
     # the one-line error would land on its line; the line above says what is being read. (Hub
     # downloads keep their bars: they can take hours.)
-    with _progress_bars(False) if local else contextlib.nullcontext():
-        ds = load_source(cfg)
-    column, transform = text_column(cfg, ds), document_transform(cfg)
+    with _progress_bars(False) if source.local else contextlib.nullcontext():
+        ds = source.load(cfg)
+        streaming = isinstance(ds, datasets.IterableDataset)
+        if cfg.max_documents is not None:
+            ds = ds.take(cfg.max_documents) if streaming else \
+                ds.select(range(min(cfg.max_documents, len(ds))))
+    column, transform = source.text_column(cfg, ds), source.transform(cfg)
     if cfg.tokenizer == "char":
         tok: Tokenizer = _char_tokenizer(cfg, ds, column, transform)
     else:
         tok = get_tokenizer(cfg.tokenizer)
     dtype = dtype_for(tok.vocab_size)
     features = datasets.Features({s: datasets.Sequence(datasets.Value(dtype.name)) for s in SPLITS})
-    streaming = isinstance(ds, datasets.IterableDataset)
     # With a token cap (or a stream) tokenize lazily so work stops at the cap: threads, one process.
     lazy = streaming or cfg.max_tokens is not None
     num_proc = 1 if lazy else max(1, min(cfg.num_proc, len(ds)))
@@ -229,10 +216,6 @@ def _reusable(directory: Path, fp: str, announce: bool = False) -> dict | None:
     return None
 
 
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2) + "\n"))
-
-
 def prepare_dataset(data_cfg: Any, data_root: str | os.PathLike = "data", *, progress: bool = True) -> dict:
     """Tokenize one data config into ``<data_root>/<name>/`` unless it is already there; its meta.
     A source of tokens (``source=shards``) needs no preparing: its meta as it is.
@@ -240,11 +223,12 @@ def prepare_dataset(data_cfg: Any, data_root: str | os.PathLike = "data", *, pro
     ``data_cfg`` is one ``configs/data/*.yaml`` (``DictConfig``, dict or ``DataConfig``).
     """
     cfg = DataConfig.from_any(data_cfg)
-    if (ready := source_for(cfg).ready_meta(cfg)) is not None:
+    source = source_for(cfg)
+    if (ready := source.ready_meta(cfg)) is not None:
         return ready  # a source of tokens on disk (token shards): nothing to prepare
     root = Path(data_root)
     directory = root / cfg.name
-    inputs = fingerprint_inputs(cfg)  # raises for missing local files before any work
+    inputs = source.fingerprint_inputs(cfg)  # raises for missing local files before any work
     fp = fingerprint(inputs)
     if (meta := _reusable(directory, fp)) is not None:
         log.info("reusing %s (fingerprint %s)", directory, fp)
@@ -309,7 +293,8 @@ def _prepare_locked(cfg: DataConfig, root: Path, directory: Path, inputs: dict, 
             (directory / "meta.json").unlink(missing_ok=True)
             for split in SPLITS:
                 os.replace(tmp / f"{split}.bin", directory / f"{split}.bin")
-            _write_json_atomic(directory / "meta.json", meta)
+            atomic_write(directory / "meta.json",
+                         lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n"))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     log.info("prepared %s: %d train + %d val tokens in %.1f s", directory, meta["train_tokens"],

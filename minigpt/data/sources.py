@@ -1,14 +1,6 @@
-"""Sources: what a run trains on, by its ``data.source`` name.
-
-A ``Source`` per kind of data: the built-in ones in ``SOURCES``, a user's function or class
-yielding documents by its dotted path (``UserSource``). Every source makes a run's data as its
-kind needs (``training_data``): tokens on disk, whose meta and streams it names (``stored_meta``,
-``split_tokens``: prepared files, or token shards as they are, ``ready_meta``), or conversations
-rendered when the run starts (``ChatSource``). A ``DocumentSource`` reads documents into a
-``datasets`` dataset with the text in one column (``text_column``), tokenized by one
-``datasets.map`` path in ``prepare.py`` after an optional per-document ``document_transform``.
-``source_identity`` is the cheap part of the fingerprint: file names, sizes and mtimes, never
-file contents.
+"""Sources: what a run trains on, by its ``data.source`` name (``SOURCES``, or a user's function
+or class by its dotted path: ``UserSource``). A ``DocumentSource`` reads documents that
+``prepare.py`` tokenizes; its fingerprint holds file names, sizes and mtimes, never contents.
 """
 
 from __future__ import annotations
@@ -61,10 +53,9 @@ COMMON_SETTINGS = ("source", "tokenizer", "val_fraction", "val_split", "max_docu
 
 
 class Source:
-    """What a run trains on, by its ``data.source`` name (``SOURCES``; any other name is a
-    user's function or class, ``UserSource``). Every source says where it is (``where``) and what
-    a run gets from it (``training_data``: by default tokens on disk, the meta and token streams
-    of which ``ready_meta``, ``stored_meta`` and ``split_tokens`` give)."""
+    """What a run trains on: where it is (``where``) and what a run gets from it
+    (``training_data``: by default tokens on disk, whose meta and streams ``ready_meta``,
+    ``stored_meta`` and ``split_tokens`` give)."""
 
     def where(self, cfg: DataConfig) -> str:
         """The source in a message: ``paths [...]``, ``dataset 'name'``."""
@@ -93,8 +84,8 @@ class Source:
 
 class DocumentSource(Source):
     """A corpus of documents, tokenized into ``<data_root>/<name>/`` (``prepare.py``): how to read
-    them (``load``: a ``datasets`` dataset, the text in one column) and what identifies them for
-    the fingerprint."""
+    them (``load``: a ``datasets`` dataset, the text in ``text_column``, each document through
+    ``transform`` first) and what identifies them (``fingerprint_inputs``)."""
 
     local = False  # reads local files (their progress bars are quiet; see prepare.py)
 
@@ -113,15 +104,20 @@ class DocumentSource(Source):
         return "text"
 
     def transform(self, cfg: DataConfig) -> Callable[[str], str] | None:
-        """A function the tokenizer applies to each document first, or None."""
         return None
+
+    def fingerprint_inputs(self, cfg: DataConfig) -> dict:
+        """Everything the prepared files depend on, cheaply (raises if local files are missing)."""
+        settings = {k: getattr(cfg, k) for k in COMMON_SETTINGS + self.settings(cfg)}
+        return {"format_version": FORMAT_VERSION, "settings": settings,
+                "source": self.identity(cfg)}
 
     def stored_meta(self, cfg: DataConfig, directory: Path) -> dict:
         """The prepared meta, refusing files prepared from other sources or settings than
         ``cfg`` names now."""
         meta = load_meta(directory)
         try:
-            expected = fingerprint(fingerprint_inputs(cfg))
+            expected = fingerprint(self.fingerprint_inputs(cfg))
         except FileNotFoundError:  # the sources are not here (data copied from elsewhere): trust it
             return meta
         if meta["fingerprint"] != expected:
@@ -195,7 +191,7 @@ class FilesSource(DocumentSource):
                                          streaming=cfg.streaming, cache_dir=cfg.cache_dir, **kwargs)
         except Exception as e:  # pyarrow/json parse errors arrive wrapped several levels deep
             raise DataError(f"cannot read {_name_unreadable(files, builder, cfg)} as {builder}: "
-                            f"{_why(e, files, cfg)}{_encoding_fix(e, files, cfg)}") from None
+                            f"{_why(e, files, cfg)}") from None
 
     def text_column(self, cfg, ds):
         plain_text = _builder(cfg, expand_paths(cfg.paths, "data.paths")) == "text"
@@ -334,49 +330,9 @@ def source_for(cfg: DataConfig) -> Source:
     return SOURCES.get(cfg.source) or UserSource(cfg.source)
 
 
-def prepare_settings(cfg: DataConfig) -> dict:
-    """The [prepare] fields of ``cfg`` its source depends on: part of the fingerprint."""
-    return {k: getattr(cfg, k) for k in COMMON_SETTINGS + source_for(cfg).settings(cfg)}
-
-
-def source_identity(cfg: DataConfig) -> dict:
-    """What identifies the source's content, cheaply (raises if local files are missing)."""
-    return source_for(cfg).identity(cfg)
-
-
-def fingerprint_inputs(cfg: DataConfig) -> dict:
-    """Everything the prepared files depend on (cheap: file stats, package versions)."""
-    return {"format_version": FORMAT_VERSION, "settings": prepare_settings(cfg),
-            "source": source_identity(cfg)}
-
-
 def fingerprint(inputs: dict) -> str:
     blob = json.dumps(inputs, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:20]
-
-
-def load_source(cfg: DataConfig):
-    """The documents as a ``datasets`` dataset (``IterableDataset`` when streaming), capped by
-    ``max_documents``; the text is in ``text_column(cfg, ds)``."""
-    import datasets
-
-    ds = source_for(cfg).load(cfg)
-    if cfg.max_documents is not None:
-        if isinstance(ds, datasets.IterableDataset):
-            ds = ds.take(cfg.max_documents)
-        else:
-            ds = ds.select(range(min(cfg.max_documents, len(ds))))
-    return ds
-
-
-def document_transform(cfg: DataConfig) -> Callable[[str], str] | None:
-    """A function the tokenizer applies to each document first, or None."""
-    return source_for(cfg).transform(cfg)
-
-
-def text_column(cfg: DataConfig, ds) -> str:
-    """The text column's name, checked against the dataset's columns when they are known."""
-    return source_for(cfg).text_column(cfg, ds)
 
 
 def _checked_column(ds, column: str, where: str) -> str:
@@ -411,27 +367,17 @@ def _name_unreadable(files: list[str], builder: str, cfg: DataConfig, most: int 
 
 def _why(error: BaseException, files: list[str], cfg: DataConfig) -> str:
     """What went wrong: for text that does not decode, the first file and line that does not
-    (the library names a position in its buffer); else the innermost error's first line."""
-    if _decoding_error(error) is not None:
-        problem = next(filter(None, (text_problem(f, cfg.encoding) for f in files)), None)
-        if problem:
-            return problem
-    return first_line(error, root_cause=True)
-
-
-def _decoding_error(error: BaseException | None) -> UnicodeError | None:
-    while error is not None and not isinstance(error, UnicodeError):
-        error = error.__cause__ or error.__context__
-    return error
-
-
-def _encoding_fix(error: BaseException, files: list[str], cfg: DataConfig) -> str:
-    """For text in another encoding than ``data.encoding``: which option reads it and how to
-    convert it instead; "" for any other error."""
-    if _decoding_error(error) is None:
-        return ""
-    bad = next((f for f in files if text_problem(f, cfg.encoding)), files[0])
+    (the library names a position in its buffer) and how to read or convert it; else the
+    innermost error's first line."""
+    cause = error
+    while cause is not None and not isinstance(cause, UnicodeError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return first_line(error, root_cause=True)
+    bad, problem = next(((f, p) for f in files if (p := text_problem(f, cfg.encoding))),
+                        (files[0], None))
     guess = guess_encoding(bad)
-    return (f"; the files are not {cfg.encoding}: set data.encoding to theirs (perhaps {guess}), "
-            f"or convert them to UTF-8 first, e.g. iconv -f {guess.split()[0]} -t utf-8 "
-            f"{bad} > {Path(bad).stem}.utf8{Path(bad).suffix}")
+    return (f"{problem or first_line(error, root_cause=True)}; the files are not "
+            f"{cfg.encoding}: set data.encoding to theirs (perhaps {guess}), or convert them to "
+            f"UTF-8 first, e.g. iconv -f {guess.split()[0]} -t utf-8 {bad} > "
+            f"{Path(bad).stem}.utf8{Path(bad).suffix}")
