@@ -8,8 +8,6 @@ from minigpt.config.reports import (
     closest_key,
     config_errors,
     describe_config_error,
-    schema_keys,
-    unknown_keys,
 )
 from minigpt.config.rules import settings_problems, train_problems, typed
 from minigpt.config.schema import (
@@ -27,8 +25,7 @@ from minigpt.config.schema import (
 )
 
 __all__ = ["ConfigKeyError", "EvalCommandSchema", "EvalSchema", "GenerateSchema", "ModelSchema",
-           "OptimSchema", "PrepareSchema", "SampleSchema", "TrainSchema", "TrainerSchema", "VizSchema",
-           "added_unknown_keys",
-           "check_keys", "closest_key", "config_errors", "describe_config_error",
-           "register_schemas", "schema_keys", "settings_problems", "train_problems", "typed",
-           "unknown_keys"]
+           "OptimSchema", "PrepareSchema", "SampleSchema", "TrainSchema", "TrainerSchema",
+           "VizSchema", "added_unknown_keys", "check_keys", "closest_key", "config_errors",
+           "describe_config_error", "register_schemas", "settings_problems", "train_problems",
+           "typed"]
