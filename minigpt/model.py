@@ -127,8 +127,7 @@ class GPTConfig:
     position: str = "learned"  # learned: a position table (GPT-2); rope: rotary embeddings
     rope_theta: float = 10000.0  # rope's base wavelength
     window: int | None = None  # each token attends to its last `window` tokens; None: all
-    # A window growing over training (minigpt.window): the window of each equal share of the
-    # steps, growing, the last the full context_length, e.g. [128, 256, 384, 512]; None: no schedule
+    # The window of each equal share of training, growing to context_length, e.g. [128, 256, 512]
     window_schedule: list[int] | None = None
     # The block options of the modern recipe (the defaults are GPT-2's):
     norm: str = "layernorm"  # layernorm (GPT-2) | rmsnorm: both block norms and the final one
@@ -138,9 +137,7 @@ class GPTConfig:
     zero_init_proj: bool = False  # attention output and MLP down projections start at zero
     logit_softcap: float | None = None  # logits = cap * tanh(logits / cap); None: no cap
     value_embeddings: bool = False  # every other layer adds a token-indexed table to its values
-    # Training on packed rows of documents (minigpt.documents): rows come with document_ids, a
-    # token attends only within its document, positions restart at each; decoding is unchanged
-    document_mask: bool = False
+    document_mask: bool = False  # train on packed rows of documents, each attended alone
 
     def __post_init__(self):
         problems = self.problems()
@@ -433,16 +430,14 @@ class GPT(nn.Module):
 
 # --------------------------------------------------------------------------- GPTConfig's rules
 
-POSITIONS = ("learned", "rope")
-NORMS = ("layernorm", "rmsnorm")
-MLPS = tuple(ACTIVATIONS)
-POSITIVE = Range(0, low_open=True)
 # The one table of GPTConfig's single-field rules (its types come from the annotations); the
 # training config's model.* checks are these too (minigpt.config.rules).
 GPT_CONFIG_RULES = {
     **dict.fromkeys(("vocab_size", "context_length", "n_layer", "n_head", "n_embd", "window"),
                     Range(1)),
     "dropout": Range(0, 1, high_open=True),
-    **dict.fromkeys(("layer_norm_eps", "init_std", "rope_theta", "logit_softcap"), POSITIVE),
-    "position": OneOf(POSITIONS), "norm": OneOf(NORMS), "mlp": OneOf(MLPS),
+    **dict.fromkeys(("layer_norm_eps", "init_std", "rope_theta", "logit_softcap"),
+                    Range(0, low_open=True)),
+    "position": OneOf(("learned", "rope")), "norm": OneOf(("layernorm", "rmsnorm")),
+    "mlp": OneOf(tuple(ACTIVATIONS)),
 }

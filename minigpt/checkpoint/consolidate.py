@@ -16,6 +16,7 @@ from minigpt.checkpoint.format import (
 from minigpt.checkpoint.read import read_checkpoint
 from minigpt.errors import one_line_errors
 from minigpt.files import atomic_write
+from minigpt.paths import INPUT_FILE_OR_DIR, OUTPUT_FILE, PathRole, path_error, value_problems
 
 
 def consolidate(source, out=None) -> Path:
@@ -80,19 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     merge.add_argument("source", help="a run directory or a sharded checkpoint directory")
     merge.add_argument("--out", help=f"output file (default: {MODEL_FILE} beside the checkpoint)")
     args = parser.parse_args(argv)
-    with one_line_errors(OSError, ValueError):
-        check_arguments(args.source, args.out)
+    with one_line_errors(OSError, ValueError):  # the paths first, before any checkpoint is read
+        problems = value_problems("source", args.source, PathRole(INPUT_FILE_OR_DIR))
+        if args.out is not None:
+            problems += value_problems("--out", args.out, PathRole(OUTPUT_FILE))
+        if problems:
+            raise path_error(problems)
         out = consolidate(args.source, args.out)
     print(f"wrote {out}; sample with `python generate.py ckpt_path={out}`")
     return 0
 
-
-def check_arguments(source: str, out: str | None) -> None:
-    """The command's paths, before any checkpoint is read (``minigpt.paths``)."""
-    from minigpt.paths import INPUT_FILE_OR_DIR, OUTPUT_FILE, PathRole, path_error, value_problems
-
-    problems = value_problems("source", source, PathRole(INPUT_FILE_OR_DIR))
-    if out is not None:
-        problems += value_problems("--out", out, PathRole(OUTPUT_FILE))
-    if problems:
-        raise path_error(problems)

@@ -7,6 +7,9 @@ per speedup saying what was applied and why (an empty list off the CPU).
 
 from __future__ import annotations
 
+import ctypes
+import sys
+
 import torch
 from torch import nn
 
@@ -14,11 +17,11 @@ from minigpt.attention import MultiHeadAttention
 from minigpt.cpu import onednn
 from minigpt.cpu.blocks import compile_blocks
 from minigpt.cpu.decode_attention import fuse_into_compiled_steps
-from minigpt.cpu.host_memory import keep_freed_memory as _keep_freed_memory
 from minigpt.cpu.loss import ChunkedNextTokenLoss
 from minigpt.cpu.packed import ROWSUM, PackedLinear, prompt_product
 
-__all__ = ["speed_up_decoding", "speed_up_training"]
+__all__ = ["keep_freed_host_memory", "speed_up_decoding", "speed_up_training"]
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers, glibc's <malloc.h>
 
 
 def speed_up_training(model: nn.Module, *, precision: str = "32-true", compiled: bool = False,
@@ -26,11 +29,11 @@ def speed_up_training(model: nn.Module, *, precision: str = "32-true", compiled:
     """Make a CPU model train faster, in place (before torch.compile / FSDP wrapping): compile
     the training forward of blocks with unfused options (``cpu.blocks``; not when ``compiled``,
     with a window or without a C++ compiler), the chunked LM-head loss (``cpu.loss``; not when
-    ``compiled`` or in float16), glibc keeping freed memory (process-wide). Returns the lines."""
+    ``compiled`` or in float16), ``keep_freed_host_memory`` (process-wide). Returns the lines."""
     applied: list[str] = []
     if _device_type(model) != "cpu":
         return applied
-    if keep_freed_memory and _keep_freed_memory():
+    if keep_freed_memory and keep_freed_host_memory():
         applied.append("glibc keeps freed memory")
     if compiled:
         return applied
@@ -80,6 +83,22 @@ def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float3
                 f"{onednn.cpu_capability()}"]
     _swap(layers, weight_dtype, "onednn")
     return [f"oneDNN-packed {dtype} linear weights ({len(layers)})"]
+
+
+def keep_freed_host_memory(mmap_threshold: int = 1 << 30) -> bool:
+    """Ask glibc to serve blocks below ``mmap_threshold`` bytes from its heap and never trim it,
+    so that a CPU training step, freeing and making the same large tensors every step, stops
+    page-faulting on fresh ``mmap`` regions (the process keeps its peak heap). Returns whether
+    it took effect (False off Linux or without glibc)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc (musl, ...)
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and \
+        bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
 def _swap(slots: list, weight_dtype: torch.dtype, kernel: str, product: str = "x @ W.T") -> None:

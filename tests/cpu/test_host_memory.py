@@ -1,4 +1,5 @@
-"""minigpt.cpu.host_memory: with it, a training-like loop reuses its freed memory without page faults."""
+"""minigpt.cpu.keep_freed_host_memory: with it, a training-like loop reuses its freed memory
+without page faults."""
 
 import subprocess
 import sys
@@ -9,9 +10,9 @@ import pytest
 # After a few steps the heap holds the loop's peak, and later steps fault in no new pages.
 PROGRAM = """
 import resource, sys, torch
-from minigpt.cpu.host_memory import keep_freed_memory
+from minigpt.cpu import keep_freed_host_memory
 if sys.argv[1] == "on":
-    assert keep_freed_memory()
+    assert keep_freed_host_memory()
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 def step():
@@ -39,7 +40,7 @@ def test_repeated_large_allocations_stop_page_faulting():
 
 
 def test_not_linux_is_a_no_op(monkeypatch):
-    from minigpt.cpu import host_memory
+    import minigpt.cpu
 
-    monkeypatch.setattr(host_memory.sys, "platform", "darwin")
-    assert host_memory.keep_freed_memory() is False
+    monkeypatch.setattr(minigpt.cpu.sys, "platform", "darwin")
+    assert minigpt.cpu.keep_freed_host_memory() is False
