@@ -1,11 +1,8 @@
 """Activation checkpointing per transformer block (``trainer.activation_checkpointing``):
 ``none`` keeps all that backward needs; ``blocks`` keeps each block's input and reruns its
 forward in backward; ``selective`` also keeps the matmuls' and the attention's outputs
-(``SELECTIVE_SAVES``) and recomputes the rest (norms, GELU, residual adds).
-
-Applied in place to ``model.blocks`` before Fabric wraps the model and before anything compiles
-a block; parameter names and state-dict keys stay the model's, so checkpoints interchange
-between modes. A call without gradients runs the plain forward.
+(``SELECTIVE_SAVES``). Applied in place before Fabric wraps and before anything compiles; the
+state-dict keys stay the model's, and a call without gradients runs the plain forward.
 """
 
 from __future__ import annotations

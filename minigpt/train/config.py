@@ -14,9 +14,8 @@ __all__ = ["ConfigError", "check_config"]  # ConfigError: its home is minigpt.er
 
 
 def check_config(cfg: TrainSchema | DictConfig) -> TrainSchema:
-    """Every user-facing value that can be wrong, checked at once before training: the
-    schema's types and rules (``minigpt.config.rules``), then what this machine can run.
-    Returns the config as a ``TrainSchema`` (converted once if it came composed)."""
+    """Every user-facing value that can be wrong, checked at once before training (the schema's
+    rules, then what this machine can run); returns the config as a ``TrainSchema``."""
     train = typed(cfg, TrainSchema)
     problems = train_problems(train) + _machine_problems(train.trainer)
     if problems:

@@ -28,9 +28,8 @@ MIXED_PRECISION = {torch.bfloat16: "bf16-mixed", torch.float16: "16-mixed",
 
 
 def default_precision(accelerator: str) -> str:
-    """Lightning precision for a device: mixed precision in ``minigpt.devices.preferred_dtype``'s
-    number type (``bf16-mixed`` where bf16 is native, ``16-mixed`` on older GPUs), else
-    ``32-true``."""
+    """Lightning precision for a device: mixed in ``minigpt.devices.preferred_dtype``'s number
+    type (``bf16-mixed`` where bf16 is native, ``16-mixed`` on older GPUs), else ``32-true``."""
     device_type = {"gpu": "cuda", "cpu": "cpu"}.get(resolve_accelerator(accelerator))
     if device_type is None or (device_type == "cuda" and not torch.cuda.is_available()):
         return "32-true"

@@ -33,7 +33,8 @@ class StopRequest:
         if self._world_size > 1 and dist.is_available() and dist.is_initialized():
             self._group = dist.new_group(backend="gloo")  # collective: every rank creates it
         try:
-            previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+            previous = {s: signal.signal(s, self._on_signal)
+                        for s in (signal.SIGINT, signal.SIGTERM)}
         except ValueError:  # not the main thread (a notebook worker): keep the defaults
             previous = {}
         watcher = InterruptWatcher(self._first_ctrl_c) if previous else None
@@ -78,11 +79,9 @@ ABORTED = (b"\nCtrl-C again: stopped at once; the last complete checkpoint is as
 
 
 class InterruptWatcher:
-    """A thread told of every signal the moment it arrives (``signal.set_wakeup_fd``, written
-    by Python's C-level handler even while the main thread is inside a native call): calls
-    ``on_first`` at the first SIGINT and ends the process with exit code 130 at the second.
-    Make it in the main thread, with a Python handler installed for SIGINT; ``close()`` gives
-    the wakeup fd back. Processes forked meanwhile (DataLoader workers) do not write to it."""
+    """A thread told of every signal as it arrives (``signal.set_wakeup_fd``, even during a
+    native call): ``on_first`` at the first SIGINT, exit 130 at the second. Made in the main
+    thread with a Python SIGINT handler; ``close()`` gives the wakeup fd back."""
 
     def __init__(self, on_first):
         global _fork_hook

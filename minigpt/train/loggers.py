@@ -78,10 +78,9 @@ def _step(row: dict) -> int:
 
 
 class WandbRun(Logger):
-    """A wandb run as a Fabric logger: started by ``start()`` on rank 0 (offline unless logged
-    in; never prompts), inert elsewhere or when wandb cannot start (the CSV log has it all).
-    Unlike Lightning's ``WandbLogger`` it never raises mid-training and uses only wandb's public
-    ``init``/``log``."""
+    """A wandb run as a Fabric logger, started by ``start()`` on rank 0 (offline unless logged
+    in; never prompts); inert elsewhere or when wandb cannot start (unlike Lightning's
+    ``WandbLogger``, which raises mid-training)."""
 
     def __init__(self, logger_cfg: LoggerSchema, run_dir: Path, resume_step: int | None = None):
         self.cfg, self.run_dir, self.resume_step = logger_cfg, Path(run_dir), resume_step

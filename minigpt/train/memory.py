@@ -1,9 +1,7 @@
-"""Memory: will a training step fit (``estimate_training_memory``, arithmetic on the config;
-``check_run_fits`` against the memory the process may use, capped by ``trainer.memory_budget``),
-the largest size that fits (``largest_that_fits``), and an out-of-memory error mid-run as one
-line. ``bench/memory.py`` measures real peaks against the estimate.
-
-Shape letters: B micro-batch, T context, C n_embd, L n_layer, V vocabulary, P parameters.
+"""Memory: will a training step fit (``estimate_training_memory`` against the memory the
+process may use: ``check_run_fits``), the largest size that fits (``largest_that_fits``), and an
+out-of-memory error mid-run as one line. Shape letters: B micro-batch, T context, C n_embd,
+L n_layer, V vocabulary, P parameters.
 """
 
 from __future__ import annotations
@@ -126,17 +124,6 @@ CHECKPOINTING_SETTING = "trainer.activation_checkpointing=blocks"
 ESTIMATE_HEADROOM = 1.15
 
 
-def _host_available() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 # Vocabulary sizes of the tokenizers, known before the data is prepared (the char tokenizer's
 # is found while preparing; a few hundred at most for text in one script).
 _VOCAB_BEFORE_DATA = {"char": 256, "gpt2": 50257, "r50k_base": 50257, "p50k_base": 50281,
@@ -168,7 +155,12 @@ def memory_limit(plan) -> tuple[int, str]:
         return within_budget(free, where, plan.memory_budget)
     # the processes sharing one machine's RAM
     processes = max(1, plan.world_size // plan.num_nodes if plan.accelerator == "cpu" else 1)
-    available = _host_available()
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f
+                             if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     left = cgroup_memory_left()  # a container's limit ends the process before the host is full
     if left is not None:
         available = min(available, left)
@@ -273,9 +265,8 @@ def fits_when_tried(try_size: Callable[[int], bool | None],
                     release: Callable[[], None] = lambda: None,
                     agree: Callable[[bool], bool] = lambda fit: fit) -> Callable[[int], bool]:
     """A ``fits(n)`` for ``largest_that_fits``: ``try_size(n)`` fits unless it raises
-    ``torch.OutOfMemoryError`` or returns False. ``release()`` runs after every try, once the
-    error (whose traceback holds the try's tensors) is gone; ``agree(fit)`` makes every process
-    give the same answer."""
+    ``torch.OutOfMemoryError`` or returns False; ``release()`` runs after every try, once the
+    error is gone; ``agree(fit)`` makes every process give the same answer."""
 
     def fits(n: int) -> bool:
         try:
@@ -298,9 +289,8 @@ def largest_divisor_at_most(rows: int, limit: int) -> int:
 
 @contextlib.contextmanager
 def out_of_memory_as_resource_error(loop):
-    """Around ``loop.fit()``: an out-of-memory error (CUDA's, or the CPU allocator giving up)
-    becomes a ``ResourceError`` whose one line names the step, the peak memory, what would fit
-    and how to resume."""
+    """Around ``loop.fit()``: an out-of-memory error becomes a ``ResourceError`` naming the step,
+    the peak memory, what would fit and how to resume."""
     try:
         yield
     except (torch.OutOfMemoryError, RuntimeError) as e:

@@ -41,7 +41,8 @@ def init_model(model_cfg: ModelSchema | dict, tokenizer, vocab_size: int,
         return GPT(model_cfg.gpt_config(vocab_size))
     path = Path(source).expanduser()
     if path.is_dir() and not (path / "config.json").is_file():
-        inside = [p for p in (path / "last.ckpt", path / "checkpoints" / "last.ckpt") if p.is_file()]
+        inside = [p for p in (path / "last.ckpt", path / "checkpoints" / "last.ckpt")
+                  if p.is_file()]
         raise ConfigError(f"model.init_from={source} is a directory without config.json: give a "
                           "Hugging Face GPT-2 directory (config.json + model.safetensors) or a "
                           f".ckpt file{f', e.g. model.init_from={inside[0]}' if inside else ''}")

@@ -1,7 +1,6 @@
-"""Optimizers and their math: parameter groups; one optimizer class for the whole model, or one
-for the blocks' matrices beside another for the rest (AdamW, and Muon for the matrices with
-``optim=muon``; any ``torch.optim.Optimizer`` subclass by its dotted path); the learning-rate
-schedules (warmup + cosine, warmup-stable-decay).
+"""Optimizers: parameter groups, one optimizer class for the model or one for the blocks'
+matrices beside another for the rest (AdamW; Muon with ``optim=muon``; any
+``torch.optim.Optimizer`` by dotted path), and the learning-rate schedules.
 """
 
 from __future__ import annotations
@@ -146,9 +145,8 @@ KWARGS = {"optimizer": "optimizer_kwargs", "matrix_optimizer": "matrix_kwargs"}
 
 
 def checkpoint_name(cls: type) -> str:
-    """The name an optimizer's state is saved under in a checkpoint: ``optimizer`` for AdamW
-    (every checkpoint since the first), else its class name in lower case (Muon: ``muon``), so
-    resuming with another optimizer class is refused by name."""
+    """The checkpoint key of an optimizer's state: ``optimizer`` for AdamW, else its class name
+    in lower case (``muon``), so resuming with another optimizer class is refused by name."""
     return "optimizer" if cls is torch.optim.AdamW else cls.__name__.lower()
 
 
@@ -162,9 +160,8 @@ def _accepted(cls: type, settings: dict) -> dict:
 def main_optimizer(model: nn.Module, optim: OptimSchema, *, fused: bool,
                    exclude: set[int] = frozenset()) -> torch.optim.Optimizer:
     """``optim.optimizer`` (AdamW by default) over ``param_groups`` at ``optim.lr``, with
-    ``beta1``/``beta2``/``eps`` where the class takes them and ``optim.optimizer_kwargs`` last.
-    ``fused`` steps all parameters of a group in one kernel; the caller decides where that is
-    allowed."""
+    ``beta1``/``beta2``/``eps`` where the class takes them, ``optim.optimizer_kwargs`` last, and
+    ``fused`` (one kernel per group) where the caller allows it."""
     cls = OPTIMIZERS["optimizer"].load(optim.optimizer)
     settings = _accepted(cls, {"betas": (optim.beta1, optim.beta2), "eps": optim.eps,
                                **({"fused": True} if fused else {})})

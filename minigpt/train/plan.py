@@ -1,8 +1,7 @@
 """The run's plan: device, precision, compile, CPU speedups, processes and the global batch
 (the accumulation derived from ``data.tokens_per_step``; ``data.batch_size=auto`` measured on
-CUDA, estimated elsewhere), resolved once before the loop is built and read by everything else.
-
-Shape letters: B micro-batch, T context.
+CUDA, estimated elsewhere), resolved once before the loop is built. Shape letters: B
+micro-batch, T context.
 """
 
 from __future__ import annotations

@@ -53,10 +53,9 @@ log = logging.getLogger(__name__)
 
 def run(cfg: TrainSchema | DictConfig, run_dir: str | Path | None = None,
         callbacks: list | tuple = ()) -> dict:
-    """Train as ``cfg`` says (a ``TrainSchema`` or a composed config); return the summary
-    (``run_dir``, ``last``, ``best``, ``val_loss``, ``steps``, ...). ``run_dir``: Hydra's unless
-    given; ``callbacks``: Fabric callbacks (``minigpt.train.loop`` names the hooks). A failure
-    before the first training step leaves nothing behind in ``run_dir``."""
+    """Train as ``cfg`` (a ``TrainSchema`` or a composed config) says; return the summary.
+    ``run_dir``: Hydra's unless given; ``callbacks``: Fabric callbacks (``minigpt.train.loop``
+    names the hooks). A failure before the first step leaves nothing behind in ``run_dir``."""
     train = typed(cfg, TrainSchema)
     run_dir = Path(run_dir or HydraConfig.get().runtime.output_dir).resolve()
     writer = hold_run_dir(run_dir, train.ckpt_path)  # one process writes into a run directory
@@ -130,8 +129,12 @@ def _run(train: TrainSchema, run_dir: Path, callbacks: list) -> dict:
         for logger in fabric.loggers:
             logger.finalize(status)
     summary = finish(fabric, loop, run_dir)
-    if owns_process_group:
-        end_process_group(fabric)
+    # The process group this run started, destroyed after success only (after a failure another
+    # rank may be inside a collective): Lightning destroys NCCL's alone, and a gloo group left
+    # to interpreter shutdown can abort a run that succeeded (SIGABRT).
+    if owns_process_group and torch.distributed.is_initialized():  # none for one process
+        fabric.barrier()
+        torch.distributed.destroy_process_group()
     return summary
 
 
@@ -205,12 +208,17 @@ def build_loop(train: TrainSchema, fabric: Fabric, plan: RunPlan, corpus, traina
     with fabric.rank_zero_first(local=True):
         eval_items = training_items(train.eval, Path(train.data_root).expanduser(),
                                     corpus.template)
+    try:  # UTF-8 bytes per validation token, for bits per byte (None: a masked loss)
+        bytes_per_token = data.bytes_per_token(corpus.tokenizer, train.data.val_tokens)
+    except Exception as e:
+        rank_zero_warn(f"val/bpb is off: cannot measure bytes per token ({e})")
+        bytes_per_token = None
     return Loop(
         fabric, plan, train, module=module, optimizers=optimizers, schedulers=schedulers,
         data=data, checkpoints=CheckpointFiles(fabric, run_dir / "checkpoints"),
         sampler=Sampler(corpus.tokenizer, run_dir / "samples.txt", train.sample, seed=train.seed),
         eval_items=eval_items,
-        bytes_per_token=bytes_per_token(data, corpus.tokenizer, train.data.val_tokens),
+        bytes_per_token=bytes_per_token,
         chat_template=corpus.template,
     )
 
@@ -275,15 +283,6 @@ def finish(fabric: Fabric, loop: Loop, run_dir: Path) -> dict:
     return summary
 
 
-def end_process_group(fabric: Fabric) -> None:
-    """Destroy the process group this run started, after success only (after a failure another
-    rank may be inside a collective). Lightning does so for NCCL only; a gloo group left to
-    interpreter shutdown can abort a run that succeeded (SIGABRT)."""
-    if torch.distributed.is_initialized():  # Fabric starts none for one process
-        fabric.barrier()
-        torch.distributed.destroy_process_group()
-
-
 def quiet_warnings() -> None:
     """Silence warnings a user can do nothing about; each filter says why it is safe."""
     # A deprecation inside torch's pytree, raised from Lightning's code, not ours.
@@ -310,12 +309,3 @@ def resolve_ckpt_path(ckpt_path: str | None, root: Path) -> str | None:
         raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
     return str(path)
 
-
-def bytes_per_token(data, tokenizer, budget: int) -> float | None:
-    """The data's UTF-8 bytes per token (for bits per byte), or None: a masked loss, or with a
-    warning when they cannot be measured."""
-    try:
-        return data.bytes_per_token(tokenizer, budget)
-    except Exception as e:
-        rank_zero_warn(f"val/bpb is off: cannot measure bytes per token ({e})")
-        return None

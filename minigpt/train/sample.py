@@ -27,7 +27,8 @@ def gathered_parameters(wrapped: nn.Module | None, recurse: bool = False):
 
         root = next((m for m in wrapped.modules() if isinstance(m, FullyShardedDataParallel)), None)
         if root is not None:
-            with FullyShardedDataParallel.summon_full_params(root, writeback=False, recurse=recurse):
+            with FullyShardedDataParallel.summon_full_params(root, writeback=False,
+                                                             recurse=recurse):
                 yield
             return
     yield
@@ -46,7 +47,8 @@ class Sampler:
         prompt = self.cfg.prompt
         return (self.tokenizer.encode(prompt) if prompt else []) or [self.tokenizer.eot_id]
 
-    def sample(self, model, device: torch.device, autocast, wrapped: nn.Module | None) -> str | None:
+    def sample(self, model, device: torch.device, autocast,
+               wrapped: nn.Module | None) -> str | None:
         """The sample text, or None when samples are off (``sample.max_new_tokens=0``) or failed
         before (a sample is a nicety: it never stops training)."""
         if self.failed or self.cfg.max_new_tokens <= 0:
@@ -55,15 +57,17 @@ class Sampler:
         model.eval()
         try:
             generator = torch.Generator(device=device).manual_seed(self.seed)
-            idx = torch.tensor([self._prompt_ids()], device=device)[:, -model.config.context_length:]
+            prompt = self._prompt_ids()[-model.config.context_length:]
+            idx = torch.tensor([prompt], device=device)  # (1, T)
             with gathered_parameters(wrapped), autocast:
-                out = generate(model, idx, self.cfg.max_new_tokens, temperature=self.cfg.temperature,
-                               top_k=self.cfg.top_k, generator=generator,
-                               vocab_size=self.tokenizer.vocab_size)
+                out = generate(model, idx, self.cfg.max_new_tokens,
+                               temperature=self.cfg.temperature, top_k=self.cfg.top_k,
+                               generator=generator, vocab_size=self.tokenizer.vocab_size)
             return self.tokenizer.decode(out[0].tolist())
         except Exception as e:
             self.failed = True
-            rank_zero_warn(f"sampling failed, samples are off for this run: {type(e).__name__}: {e}")
+            rank_zero_warn(f"sampling failed, samples are off for this run: "
+                           f"{type(e).__name__}: {e}")
             return None
         finally:
             model.train(was_training)
