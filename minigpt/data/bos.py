@@ -1,25 +1,9 @@
-"""BOS-aligned rows (``data.align=bos``): every training row starts at a document's first token.
-
-A document begins at its BOS token (GPT-2's end-of-text: llm.c's shards put one before each
-document; minigpt's prepared files put one after each, which is the same stream from the second
-document on), and only there: the tokens before a stream's first BOS are skipped, as
-modded-nanogpt's loader skips them (llm.c cuts its shards at a fixed size, so a shard after the
-first begins mid-document). A row of T + 1 tokens from a document start holds that document
-and, packed in order after it, the ones that follow; a document longer than the row is cut
-there. Two packings (``data.packing``), neither with padding or ignored targets:
-
-* ``in_order``: ``packed_row_starts`` lays rows end to end in stream order, each at the first
-  document start at or after the previous row's end; ``cropped_fraction`` counts the tokens that
-  fall between (the cut-off tails). Random rows draw their starts from ``row_pool``.
-* ``best_fit`` (nanochat's): ``best_fit_rows`` fills each row with whole documents from a buffer
-  of the next ``BEST_FIT_BUFFER`` in stream order, always the longest that still fits; only when
-  none fits does it crop one (the shortest) to fill the row exactly. A row is then a list of
-  token spans (``PackedRows``), gathered per batch; random rows draw row numbers.
-
-Both are pure functions of the token stream, so a resumed run rebuilds the same rows.
-``aligned_rows`` makes a split's rows and refuses a stream too few BOS tokens cut into
-documents (its rows would hold under ``MIN_COVERAGE`` of it: a corpus without BOS tokens
-would train on its first row again and again).
+"""BOS-aligned rows (``data.align=bos``): every row of T + 1 tokens starts at a BOS token, a
+document's first (the tokens before a stream's first BOS are skipped: an llm.c shard after the
+first begins mid-document), packed without padding by ``data.packing``: ``in_order``
+(``packed_row_starts``: the documents that follow, the last cut at the row's end) or ``best_fit``
+(``best_fit_rows``, nanochat's). Pure functions of the token stream: a resumed run rebuilds the
+same rows.
 """
 
 from __future__ import annotations
@@ -30,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from minigpt.data.config import DataError
+from minigpt.data.tokens import SCAN_CHUNK
 
-SCAN_CHUNK = 1 << 24  # tokens per vectorized scan of the memory map
 BEST_FIT_BUFFER = 1000  # documents best fit chooses among (nanochat's buffer)
 # The least share of a split its BOS-aligned rows must hold. Packing crops document tails
 # (nanochat's best fit about a third on FineWeb); far less means few documents, not packing.
@@ -62,11 +46,6 @@ def packed_row_starts(starts: np.ndarray, n_tokens: int, context_length: int) ->
         rows.append(pool[i])
         i = int(np.searchsorted(pool, pool[i] + context_length, side="left"))
     return np.asarray(rows, dtype=np.int64)
-
-
-def cropped_fraction(rows: np.ndarray, n_tokens: int, context_length: int) -> float:
-    """The share of the stream no row's inputs hold (document tails cut off, the end)."""
-    return 1.0 - len(rows) * context_length / max(n_tokens, 1)
 
 
 def draw_rows(seed: int, rank: int, batch_index: int, batch_size: int,
@@ -107,9 +86,10 @@ class PackedRows:
 
 def best_fit_rows(starts: np.ndarray, n_tokens: int, context_length: int,
                   buffer: int = BEST_FIT_BUFFER) -> PackedRows:
-    """Rows of ``context_length + 1`` tokens of whole documents, best fit (module docstring):
-    the documents run from each of ``starts`` to the next (the last to ``n_tokens``); a last
-    row the remaining documents cannot fill is left out."""
+    """Rows of ``context_length + 1`` tokens filled from a buffer of the next ``buffer`` documents
+    in stream order, always the longest that still fits; only when none fits is one (the
+    shortest) cropped to fill the row. The documents run from each of ``starts`` to the next (the
+    last to ``n_tokens``); a last row the remaining documents cannot fill is left out."""
     row = context_length + 1
     lengths = np.diff(np.append(starts, n_tokens)).astype(np.int64)
     waiting: list[tuple[int, int]] = []  # (length, document), sorted
@@ -152,7 +132,7 @@ def aligned_rows(tokens, bos_id: int, context_length: int, packing: str, where: 
     else:
         pool = row_pool(starts, n, T)
         rows = packed_row_starts(starts, n, T)
-        held = len(rows) * T  # their inputs (as cropped_fraction counts)
+        held = len(rows) * T  # their inputs
     if held < MIN_COVERAGE * n:
         raise DataError(
             f"data.align=bos: {where} has {n:,} tokens but {len(starts):,} BOS tokens (id "

@@ -1,11 +1,7 @@
-"""llm.c / modded-nanogpt token shards: the format pre-tokenized FineWeb is published in.
-
-A shard is a header of 256 little-endian int32 (``MAGIC`` 20240520, ``VERSION`` 1, the token
-count, the rest zero) followed by that many little-endian uint16 GPT-2 token ids; every document
-begins with the end-of-text token 50256 (its BOS). ``ShardStream`` reads any number of shards
-(a glob, in sorted order) as one token stream through memory maps, never loading a shard whole;
-``write_shards`` writes a token stream as shards (``python -m minigpt.data.shards``). Every bad
-shard is a one-line ``DataError`` naming the file and the fix.
+"""llm.c / modded-nanogpt token shards (the format pre-tokenized FineWeb is published in): a
+header of 256 little-endian int32 (``MAGIC``, ``VERSION``, the token count, zeros), then that many
+little-endian uint16 GPT-2 ids, every document begun by end-of-text (its BOS). ``ShardStream``
+reads a glob of them as one stream; ``python -m minigpt.data.shards`` writes a prepared dataset.
 """
 
 from __future__ import annotations
@@ -18,16 +14,16 @@ from pathlib import Path
 import numpy as np
 
 from minigpt.data.config import DataError
-from minigpt.data.tokens import find_bad_token
+from minigpt.data.tokens import find_bad_token, load_meta, open_tokens
 from minigpt.files import atomic_write
 from minigpt.paths import glob_matches, input_problem
+from minigpt.tokenizer import get_tokenizer
 
 MAGIC, VERSION = 20240520, 1
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 TOKEN_DTYPE = np.dtype("<u2")
 SHARD_TOKENS = 100_000_000  # tokens per shard llm.c writes (the last one holds the rest)
-_DAMAGED = "the shard is damaged or from another tokenizer; re-download it or write it again"
 
 
 def shard_paths(pattern: str) -> list[Path]:
@@ -66,12 +62,6 @@ def read_header(path: str | os.PathLike) -> int:
     return count
 
 
-def open_shard(path: str | os.PathLike, count: int | None = None) -> np.memmap:
-    """A read-only memory map of a shard's tokens (its header checked unless ``count`` given)."""
-    count = read_header(path) if count is None else count
-    return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(count,))
-
-
 class ShardStream:
     """Shards as one read-only token stream: ``len``, integer-array indexing (any shape, rows may
     cross shard boundaries) and slices, each read from the shards' memory maps.
@@ -102,7 +92,8 @@ class ShardStream:
     @property
     def maps(self) -> list[np.memmap]:
         if self._maps is None:
-            self._maps = [open_shard(p, n) for p, n in zip(self.paths, self.counts, strict=True)]
+            self._maps = [np.memmap(p, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(n,))
+                          for p, n in zip(self.paths, self.counts, strict=True)]
         return self._maps
 
     def shard_of(self, offset: int) -> tuple[Path, int]:
@@ -145,9 +136,7 @@ class ShardStream:
         if batch.size == 0 or int(batch.max()) < vocab_size:
             return
         row, col = (int(i) for i in np.argwhere(batch >= vocab_size)[0])
-        path, offset = self.shard_of(int(offsets[row]) + col)
-        raise DataError(f"{path} holds token id {int(batch[row, col])} at token offset "
-                        f"{offset}, beyond the tokenizer's {vocab_size} ids: {_DAMAGED}")
+        _refuse(*self.shard_of(int(offsets[row]) + col), int(batch[row, col]), vocab_size)
 
     def check_ids(self, vocab_size: int) -> None:
         """A ``DataError`` naming the shard and offset of the first id >= ``vocab_size``. A
@@ -159,12 +148,17 @@ class ShardStream:
                 continue
             bad, _ = find_bad_token(tokens, vocab_size, limit=len(tokens) + 1)
             if bad is not None:
-                raise DataError(f"{path} holds token id {bad[1]} at token offset {bad[0]}, "
-                                f"beyond the tokenizer's {vocab_size} ids: {_DAMAGED}")
+                _refuse(path, *bad, vocab_size)
             _CLEAN.add(seen)
 
 
 _CLEAN: set[tuple] = set()  # shards ShardStream.check_ids read whole and found clean
+
+
+def _refuse(path: Path, offset: int, token: int, vocab_size: int):
+    raise DataError(f"{path} holds token id {token} at token offset {offset}, beyond the "
+                    f"tokenizer's {vocab_size} ids: the shard is damaged or from another "
+                    "tokenizer; re-download it or write it again")
 
 
 def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
@@ -211,8 +205,6 @@ def shards_meta(config) -> dict:
     uint16, each split's token count from its shards' headers, a fingerprint of their names
     and counts (so a resumed run can tell other shards). Every token id is checked against the
     tokenizer's (``ShardStream.check_ids``: once per process and shard)."""
-    from minigpt.tokenizer import get_tokenizer
-
     tokenizer = get_tokenizer("gpt2")
     meta = {"name": config.name, "dtype": "uint16", "vocab_size": tokenizer.vocab_size,
             "tokenizer": tokenizer.to_dict()}
@@ -230,8 +222,6 @@ def shards_from_prepared(directory: str | os.PathLike, out: str | os.PathLike,
     """Write a prepared dataset (``python -m minigpt.data``) as shards ``<out>/<name>_train_*``
     and ``<name>_val_*``: the same tokens, a BOS before each document instead of an
     end-of-text after it. Its tokenizer must be GPT-2's ids (what shards hold)."""
-    from minigpt.data.tokens import load_meta, open_tokens
-
     directory = Path(directory)
     meta = load_meta(directory)
     tokenizer = meta["tokenizer"]
