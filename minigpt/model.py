@@ -208,7 +208,8 @@ class GPTConfig:
 
 class GPT(nn.Module):
     """GPT-2: token + learned position embeddings, ``n_layer`` blocks, final LayerNorm, and an
-    LM head that shares its weight with the token embedding (each as ``GPTConfig`` says)."""
+    LM head that shares its weight with the token embedding; ``GPTConfig`` options swap in rotary
+    positions (no table), an untied head, value embeddings on every other layer."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
