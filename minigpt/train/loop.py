@@ -116,9 +116,6 @@ class Progress:
     eval_metrics: dict = field(default_factory=dict)  # the latest HellaSwag scores
     batch: dict | None = None  # the batch this run trains with (plan.batch_record)
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
     @classmethod
     def restored(cls, stored: dict, val_every: int) -> Progress:
         """The progress a checkpoint holds; an older one's validations derived from the step."""
@@ -178,9 +175,7 @@ class Loop:
             set_rng_state(self.pending_rng)
             self.pending_rng = None
         self.module.train()
-        clock = self.clock = TrainingClock(self._throughput(), plan,
-                                           self.model.flops_per_token(plan.batch.context_length),
-                                           elapsed=self.progress.train_seconds)
+        clock = self.clock = TrainingClock(self)
         bar = tqdm(total=plan.max_steps, initial=self.progress.global_step, desc="train",
                    unit="step", dynamic_ncols=True,
                    disable=not (fabric.is_global_zero
@@ -315,7 +310,7 @@ class Loop:
         self.progress.train_seconds = self.clock.elapsed
         template = self.chat_template
         return training_state(self.module, self.optimizers, self.schedulers, self.data,
-                              self.progress.as_dict(), self.model.config.to_dict(),
+                              asdict(self.progress), self.model.config.to_dict(),
                               self.sampler.tokenizer.to_dict(),
                               template.to_dict() if template is not None else None)
 
@@ -326,29 +321,24 @@ class Loop:
                           f"`python train.py ckpt_path={path}`")
         raise SystemExit(self.stop.exit_code)
 
-    # ---- throughput -----------------------------------------------------------------------------
-    def _throughput(self) -> Throughput:
-        """Lightning's throughput counter over the last logging interval, with MFU where the
-        device's peak is known."""
-        fabric = self.fabric
-        peak = self.settings.peak_flops
-        if peak is None and fabric.device.type == "cuda":
-            half = self.plan.precision.startswith(("bf16", "16"))
-            peak = peak_flops(fabric.device, torch.bfloat16 if half else torch.float32)
-        return Throughput(available_flops=peak, world_size=fabric.world_size,
-                          window_size=self.plan.log_every + 1)
-
 
 class TrainingClock:
-    """Training time (validation excluded) and tokens, fed to Lightning's ``Throughput`` at each
-    step and read right after a logging step's host sync."""
+    """``loop``'s training time (validation excluded) and tokens, fed at each step to Lightning's
+    ``Throughput`` over the last logging interval (MFU where the device's peak is known) and
+    read right after a logging step's host sync."""
 
-    def __init__(self, throughput: Throughput, plan: RunPlan, flops_per_token: float | None = None,
-                 elapsed: float = 0.0):
-        self.throughput, self.batch = throughput, plan.batch
-        self.flops_per_step = flops_per_token * plan.batch.tokens_per_micro_batch * \
-            plan.batch.accumulate if flops_per_token else None
-        self.elapsed, self.steps = elapsed, 0  # elapsed: a resumed run's training time so far
+    def __init__(self, loop: Loop):
+        fabric, plan, self.batch = loop.fabric, loop.plan, loop.plan.batch
+        peak = loop.settings.peak_flops
+        if peak is None and fabric.device.type == "cuda":
+            half = plan.precision.startswith(("bf16", "16"))
+            peak = peak_flops(fabric.device, torch.bfloat16 if half else torch.float32)
+        self.throughput = Throughput(available_flops=peak, world_size=fabric.world_size,
+                                     window_size=plan.log_every + 1)
+        flops_per_token = loop.model.flops_per_token(self.batch.context_length)
+        self.flops_per_step = flops_per_token * self.batch.tokens_per_micro_batch * \
+            self.batch.accumulate if flops_per_token else None
+        self.elapsed, self.steps = loop.progress.train_seconds, 0  # a resumed run's time so far
         self.throughput.update(time=self.elapsed, batches=0, samples=0, lengths=0)
         self.restart()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -122,4 +123,4 @@ def test_an_older_checkpoint_without_counters_derives_them_from_the_step():
     assert set(stored) < set(PROGRESS_KEYS)
     assert Progress.restored(stored, val_every=2) == Progress(6, 2.5, 2.75, validations=3)
     full = Progress(6, 2.5, 2.75, 3, 1.5, {"steps": 2}, {"eval/hellaswag/acc": 0.5})
-    assert Progress.restored(full.as_dict(), val_every=4) == full
+    assert Progress.restored(asdict(full), val_every=4) == full
