@@ -18,10 +18,11 @@ from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
 
 # Names other trainers use (nanoGPT's, Hugging Face's) -> ours, for "did you mean".
 ALIASES = {"learning_rate": "lr", "lr_min": "min_lr", "min_learning_rate": "min_lr",
-           "warmup_iters": "warmup_steps", "lr_decay_iters": "decay_steps", "max_iters": "max_steps",
-           "block_size": "context_length", "n_positions": "context_length",
-           "n_ctx": "context_length", "eval_interval": "val_check_interval",
-           "log_interval": "log_every_n_steps", "grad_norm_clip": "grad_clip",
+           "warmup_iters": "warmup_steps", "lr_decay_iters": "decay_steps",
+           "max_iters": "max_steps", "block_size": "context_length",
+           "n_positions": "context_length", "n_ctx": "context_length",
+           "eval_interval": "val_check_interval", "log_interval": "log_every_n_steps",
+           "grad_norm_clip": "grad_clip",
            "gradient_accumulation_steps": "accumulate_grad_batches", "max_grad_norm": "grad_clip"}
 
 

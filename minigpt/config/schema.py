@@ -107,7 +107,7 @@ class FSDPSchema:
     """``trainer.fsdp`` (read with ``trainer.strategy=fsdp`` only)."""
 
     sharding_strategy: str = "FULL_SHARD"  # or SHARD_GRAD_OP, HYBRID_SHARD (multi-node)
-    activation_checkpointing: bool = False  # old spelling of trainer.activation_checkpointing=blocks
+    activation_checkpointing: bool = False  # old spelling: trainer.activation_checkpointing=blocks
     state_dict_type: str = "sharded"  # or full: one .ckpt gathered on rank 0
 
 

@@ -11,7 +11,8 @@ from minigpt.field_rules import Satisfies
 
 TASKS: dict[str, type[Task]] = {"hellaswag": HellaSwag, "chat": ChatTask}
 # The evaluation command's rule for ``task`` (``minigpt.config.rules.settings_problems``).
-TASK_RULE = Satisfies(lambda t: t in ("harness", *TASKS) or isinstance(t, str) and "." in t.strip("."),
+TASK_RULE = Satisfies(lambda t: t in ("harness", *TASKS)
+                      or isinstance(t, str) and "." in t.strip("."),
                       f"one of {', '.join(TASKS)}, harness, or the dotted path of a "
                       "minigpt.eval.task.Task subclass")
 

@@ -76,8 +76,8 @@ def score_pairs(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, 
     return scores, cut  # type: ignore[return-value]
 
 
-def score_rows(model, rows: Sequence[tuple[Sequence[int], int]], *, batch_size: int,
-               device="cpu", autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+def score_rows(model, rows: Sequence[tuple[Sequence[int], int]], *, batch_size: int, device="cpu",
+               autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
                progress: Callable[[int], None] | None = None,
                through_forward: bool = False) -> list[Score]:
     """Score the last ``n`` tokens of each ``(tokens, n)`` row (``fit_row``'s output) under
@@ -193,8 +193,8 @@ def _run_contexts(model, contexts, room: int, device):
     padding = cols < (Tc - lengths)[:, None]  # (G, Tc) True = padding
     positions = (cols - (Tc - lengths)[:, None]).clamp(min=0)  # (G, Tc)
     cache = model.new_kv_cache(G, Tc + room, device=device)
-    hidden = model.hidden_states(ctx.to(device), padding.to(device) if bool(padding.any()) else None,
-                                 positions.to(device), cache)  # (G, Tc, C)
+    mask = padding.to(device) if bool(padding.any()) else None
+    hidden = model.hidden_states(ctx.to(device), mask, positions.to(device), cache)  # (G, Tc, C)
     return hidden[:, -1], cache, lengths
 
 
