@@ -59,8 +59,10 @@ class ExtensionPoint:
             raise
         except Exception as e:
             fix = fix or f"fix that code, or set {key} to {self.kind} that works"
-            raise ExtensionError(f"{key}={path} failed {doing}: {first_line(e)} "
-                                 f"({_raised_at(e)}): {fix}") from None
+            frames = traceback.extract_tb(e.__traceback__)  # the innermost one raised it
+            where = f"raised at {frames[-1].filename}:{frames[-1].lineno}" if frames else "raised"
+            raise ExtensionError(f"{key}={path} failed {doing}: {first_line(e)} ({where}): "
+                                 f"{fix}") from None
 
     def returned(self, path: str, result: object, wanted: str, fits: bool,
                  key: str | None = None) -> None:
@@ -78,12 +80,6 @@ def extension_point(key: str, kind: str, misfit: Callable[[object], str | None],
     """The ``ExtensionPoint`` of ``key``, listed in ``EXTENSION_POINTS`` (a test walks them)."""
     point = EXTENSION_POINTS[key] = ExtensionPoint(key, kind, misfit, fix)
     return point
-
-
-def _raised_at(error: BaseException) -> str:
-    """``file:line`` of the innermost frame that raised ``error``."""
-    frames = traceback.extract_tb(error.__traceback__)
-    return f"raised at {frames[-1].filename}:{frames[-1].lineno}" if frames else "raised"
 
 
 def kind_of(value: object) -> str:

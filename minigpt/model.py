@@ -333,7 +333,10 @@ class GPT(nn.Module):
         if kv_cache is not None:  # the cache learns of the new tokens once; the blocks only write
             position_ids = kv_cache.advance(T, key_padding_mask, position_ids)  # (1 or B, T)
             layers = kv_cache.layers
-        x = self.drop(self.embed(idx, position_ids))  # (B, T, C)
+        x = self.tok_emb(idx)  # (B, T, C)
+        if self.pos_emb is not None:  # learned positions; rope's enter in the attention
+            x = x + self.pos_emb(position_ids)
+        x = self.drop(x)
         for i, (block, layer_cache) in enumerate(zip(self.blocks, layers, strict=True)):
             x = block(x, key_padding_mask, layer_cache, position_ids, self.value_embedding(i, idx),
                       document_ids)
@@ -344,12 +347,6 @@ class GPT(nn.Module):
         values (the modded-nanogpt speedrun, nanochat), or None for a layer without one."""
         key = str(layer)
         return self.value_embeds[key](idx) if key in self.value_embeds else None
-
-    def embed(self, idx: Tensor, position_ids: Tensor) -> Tensor:
-        """Token embeddings plus, for learned positions, the position table's rows (B, T, C)."""
-        if self.pos_emb is None:  # rope: positions enter in the attention
-            return self.tok_emb(idx)
-        return self.tok_emb(idx) + self.pos_emb(position_ids)
 
     def attention_layers(self) -> list[MultiHeadAttention]:
         """Every block's attention, in order (what attention maps and window schedules use)."""

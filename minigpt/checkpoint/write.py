@@ -91,7 +91,9 @@ class CheckpointFiles:
             self.fabric.save(tmp, state)
             saved = True
             if self.fabric.is_global_zero:
-                _sync_to_disk(tmp)
+                for file in _files(tmp):  # data on disk before the rename makes it visible
+                    with open(file, "rb+") as f:
+                        os.fsync(f.fileno())
                 _replace(tmp, target)
         except Exception as e:
             if not isinstance(e, OSError) and not (out_of_space(e, target) or _cut_short(e)):
@@ -163,13 +165,6 @@ def _drop_frames(error: BaseException) -> None:
 def _files(path: Path) -> list[Path]:
     """``path``, or the files in a directory of shards (none where nothing is)."""
     return [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-
-
-def _sync_to_disk(path: Path) -> None:
-    """Data on disk before the rename makes it visible."""
-    for file in _files(path):
-        with open(file, "rb+") as f:
-            os.fsync(f.fileno())
 
 
 def _replace(source: Path, target: Path) -> None:

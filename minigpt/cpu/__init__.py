@@ -60,7 +60,9 @@ def speed_up_decoding(model: nn.Module, weight_dtype: torch.dtype = torch.float3
     if _device_type(model) != "cpu":
         return []
     model.eval()
-    layers = _linear_slots(model)
+    # (parent, attribute name, layer) of every plain nn.Linear (a shared one under each parent)
+    layers = [(parent, name, child) for parent in list(model.modules())
+              for name, child in list(parent.named_children()) if type(child) is nn.Linear]
     if not layers:
         return []
     dtype = str(weight_dtype).removeprefix("torch.")
@@ -109,10 +111,3 @@ def _swap(slots: list, weight_dtype: torch.dtype, kernel: str, product: str = "x
 def _device_type(model: nn.Module) -> str:
     first = next(model.parameters(), None)
     return first.device.type if first is not None else "cpu"
-
-
-def _linear_slots(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
-    """(parent, attribute name, layer) of every plain ``nn.Linear`` below ``model`` (not already
-    swapped); a layer shared by two parents appears under each."""
-    return [(parent, name, child) for parent in list(model.modules())
-            for name, child in list(parent.named_children()) if type(child) is nn.Linear]
