@@ -113,16 +113,18 @@ class KVCache:
         other.layers = [LayerCache(other, i) for i in range(len(self.keys))]
         return other
 
-    def view_rows(self, count: int) -> KVCache:
-        """This fixed-shape cache's first ``count`` rows, sharing its buffers (a write through
-        either is seen by both): a step over fewer rows at the same addresses."""
-        if self.sliced:
-            raise ValueError("view_rows is for fixed-shape caches (sliced=False)")
+    def view(self, rows: int, slots: int) -> KVCache:
+        """This fixed-shape cache's first ``rows`` rows and ``slots`` slots, sharing its buffers
+        (a write through either is seen by both): a step over fewer rows and tokens at the same
+        addresses, while the stream holds fewer than ``slots`` tokens."""
+        if self.sliced or self.ring:
+            raise ValueError("view is for fixed-shape caches (sliced=False) without a ring")
         other = copy.copy(self)
-        other.keys = [k[:count] for k in self.keys]
-        other.values = [v[:count] for v in self.values]
-        other.padding, other.visible = self.padding[:count], self.visible[:count]
-        other.next_position = self.next_position[:count]
+        other.keys = [k[:rows, :, :slots] for k in self.keys]
+        other.values = [v[:rows, :, :slots] for v in self.values]
+        other.padding, other.visible = self.padding[:rows, :slots], self.visible[:rows, :slots]
+        other.next_position = self.next_position[:rows]
+        other.slot_pos = self.slot_pos[:slots]
         other.layers = [LayerCache(other, i) for i in range(len(self.keys))]
         return other
 
@@ -149,7 +151,7 @@ class KVCache:
     def sliced_rows(self, count: int) -> KVCache:
         """A new sliced cache holding copies of this cache's first ``count`` rows and their
         tokens (``load`` undone)."""
-        n = int(self.seen)  # steps through ``view_rows`` views advance it on the device only
+        n = int(self.seen)  # steps through ``view``s advance it on the device only
         other = KVCache(count, self.num_layers, self.keys[0].shape[1], self.capacity,
                         self.keys[0].shape[3], window=self.window, device=self.seen.device,
                         dtype=self.keys[0].dtype)

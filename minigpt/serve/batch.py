@@ -33,7 +33,7 @@ class RunningBatch:
         self.model, self.capacity, self.fixed_steps = model, capacity, fixed_steps
         self.owners: list = []
         self.cache = None
-        self._fixed_length: int | None = None  # tokens in ``fixed_steps``' copy (None: stale)
+        self._in_fixed = False  # the rows live in ``fixed_steps``' copy (``cache`` is stale)
 
     def __len__(self) -> int:
         return len(self.owners)
@@ -67,7 +67,7 @@ class RunningBatch:
         if len(rows) == len(self.owners):
             return
         if not rows:
-            self.cache, self.owners, self._fixed_length = None, [], None
+            self.cache, self.owners, self._in_fixed = None, [], False
             return
         self._take_back()
         index = torch.tensor(rows, device=self.cache.seen.device)
@@ -76,21 +76,20 @@ class RunningBatch:
 
     def step(self, tokens: Tensor) -> Tensor:
         """Each row reads its token (B, 1); the next token's logits (B, V)."""
-        if self._fixed_length == self.capacity:
-            self._take_back()
-        if self._fixed_length is None and self.cache.length == self.capacity:
-            self.cache.drop_leading_padding()
         fixed = self.fixed_steps
+        if self._in_fixed and fixed.length == self.capacity:
+            self._take_back()
+        if not self._in_fixed and self.cache.length == self.capacity:
+            self.cache.drop_leading_padding()
         if fixed is None or len(self.owners) > fixed.max_rows:
             return self.model(tokens, kv_cache=self.cache, last_only=True)[:, -1]
-        if self._fixed_length is None:
+        if not self._in_fixed:
             fixed.load(self.cache)
-            self._fixed_length = self.cache.length
-        self._fixed_length += 1
+            self._in_fixed = True
         return fixed.step(tokens)
 
     def _take_back(self) -> None:
         """The rows' cache from ``fixed_steps``' copy, where the last steps ran."""
-        if self._fixed_length is not None:
+        if self._in_fixed:
             self.cache = self.fixed_steps.sliced_rows(len(self.owners))
-            self._fixed_length = None
+            self._in_fixed = False

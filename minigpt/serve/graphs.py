@@ -2,10 +2,12 @@
 
 An eager step launches a few hundred small kernels, each from Python; on a GPU that launching,
 not the arithmetic, bounds a small batch. ``FixedShapeSteps`` keeps one fixed-shape KV cache
-(``minigpt.kv_cache``, ``sliced=False``) of ``max_rows`` rows and the whole context, and for
-each batch size of ``bucket_sizes`` a view of its first rows and, on a GPU, a CUDA graph of
+(``minigpt.kv_cache``, ``sliced=False``) of ``max_rows`` rows and the whole context and, for each
+pair of a row count in ``bucket_sizes(max_rows)`` and a slot count in multiples of
+``SLOT_BUCKET``, a view of its first rows and slots and, on a GPU, a CUDA graph of
 ``GPT.forward`` over that view (``torch.cuda.CUDAGraph``, captured once at start-up). A step of B
-rows feeds the smallest bucket of at least B rows; the spare rows decode padding nobody reads.
+rows holding L tokens runs the smallest view with at least B rows and L + 1 slots: the spare
+rows decode padding nobody reads, and attention reads the slots in use, not the context.
 The rows enter with ``load`` (a copy of the running batch's sliced cache) and leave with
 ``sliced_rows``, so rows join and leave on the eager cache, as before.
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+SLOT_BUCKET = 128  # a step attends over the filled slots rounded up to a multiple of this
 
 
 def bucket_sizes(max_rows: int) -> list[int]:
@@ -27,16 +31,21 @@ def bucket_sizes(max_rows: int) -> list[int]:
 
 class FixedShapeSteps:
     """One-token steps of ``model`` (placed, eval mode) for up to ``max_rows`` rows over a
-    fixed-shape cache of ``capacity`` tokens a row. ``capture``: record a CUDA graph per bucket
-    (a GPU only); else each step runs the same forward eagerly (the tests' reference)."""
+    fixed-shape cache of ``capacity`` tokens a row. ``capture``: record a CUDA graph per view
+    (a GPU only); else each step runs the same forward eagerly (the tests' reference).
+    ``slot_bucket``: the views' slot counts are its multiples (and the capacity)."""
 
-    def __init__(self, model, max_rows: int, capacity: int, *, capture: bool):
+    def __init__(self, model, max_rows: int, capacity: int, *, capture: bool,
+                 slot_bucket: int = SLOT_BUCKET):
         self.model, self.max_rows = model, max_rows
         self.cache = model.new_kv_cache(max_rows, capacity, sliced=False)
         self.tokens = torch.zeros(max_rows, 1, dtype=torch.long, device=self.cache.seen.device)
         self.sizes = bucket_sizes(max_rows)
-        self.views = {size: self.cache.view_rows(size) for size in self.sizes}
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self.slot_sizes = [*range(slot_bucket, capacity, slot_bucket), capacity]
+        self.views = {(rows, slots): self.cache.view(rows, slots)
+                      for rows in self.sizes for slots in self.slot_sizes}
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self.length = 0  # tokens in the cache
         if capture:
             self._capture()
 
@@ -47,6 +56,7 @@ class FixedShapeSteps:
     def load(self, cache) -> None:
         """Take the rows of the running batch's sliced ``cache`` (copied in)."""
         self.cache.load(cache)
+        self.length = cache.length
 
     def sliced_rows(self, count: int):
         """The first ``count`` rows as a new sliced cache, for rows to join or leave."""
@@ -56,31 +66,36 @@ class FixedShapeSteps:
         """Each of the B loaded rows reads its token (B, 1); the next token's logits (B, V),
         valid until the next step."""
         rows = tokens.shape[0]
-        size = next(s for s in self.sizes if s >= rows)
+        shape = (next(s for s in self.sizes if s >= rows),
+                 next(s for s in self.slot_sizes if s > self.length))
         self.tokens[:rows].copy_(tokens)
-        if size in self.graphs:
-            graph, logits = self.graphs[size]
+        self.length += 1
+        if shape in self.graphs:
+            graph, logits = self.graphs[shape]
             graph.replay()
             return logits[:rows]
-        return self._forward(size)[:rows]
+        return self._forward(shape)[:rows]
 
-    def _forward(self, size: int) -> Tensor:
-        return self.model(self.tokens[:size], kv_cache=self.views[size], last_only=True)[:, -1]
+    def _forward(self, shape: tuple[int, int]) -> Tensor:
+        return self.model(self.tokens[:shape[0]], kv_cache=self.views[shape],
+                          last_only=True)[:, -1]
 
+    @torch.inference_mode()
     def _capture(self) -> None:
-        """Warm every bucket up on a side stream (as CUDA graph capture requires), then capture
+        """Warm every view up on a side stream (as CUDA graph capture requires), then capture
         each, largest first, in one memory pool; the cache is emptied afterwards."""
+        shapes = sorted(self.views, reverse=True)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for size in self.sizes:
-                for _ in range(2):
-                    self._forward(size)
+            for shape in shapes:
+                self.cache.reset()  # a warm-up step writes a slot inside every view
+                self._forward(shape)
         torch.cuda.current_stream().wait_stream(side)
         pool = torch.cuda.graph_pool_handle()
-        for size in reversed(self.sizes):
+        for shape in shapes:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                logits = self._forward(size)
-            self.graphs[size] = (graph, logits)
+                logits = self._forward(shape)
+            self.graphs[shape] = (graph, logits)
         self.cache.reset()

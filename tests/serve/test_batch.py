@@ -22,12 +22,14 @@ CUDA_GRAPHS = pytest.param("cuda-graphs", marks=pytest.mark.skipif(
 @torch.inference_mode()
 def test_rows_joining_and_leaving_match_each_sequence_alone(fixed):
     """``fixed``: the steps run on ``FixedShapeSteps``' fixed-shape copy of the cache, replayed
-    from CUDA graphs or run eagerly, with 4 rows at most: a 5th row's steps run sliced."""
+    from CUDA graphs or run eagerly, with 4 rows at most (a 5th row's steps run sliced) and
+    views of 8, 16 and 24 slots."""
     model = tiny_chat_model(context_length=24, seed=3)
     if fixed == "cuda-graphs":
         model.cuda()
     batch = RunningBatch(model, capacity=24, fixed_steps=None if fixed is None else
-                         FixedShapeSteps(model, 4, 24, capture=fixed == "cuda-graphs"))
+                         FixedShapeSteps(model, 4, 24, capture=fixed == "cuda-graphs",
+                                         slot_bucket=8))
     g = torch.Generator().manual_seed(0)
     prompt = lambda n: torch.randint(0, 40, (n,), generator=g).tolist()  # noqa: E731
     seqs = []  # each row's tokens so far, in batch order
@@ -45,7 +47,7 @@ def test_rows_joining_and_leaving_match_each_sequence_alone(fixed):
             s.append(t)
         logits = batch.step(torch.tensor(tokens, device=model.tok_emb.weight.device)[:, None])
         if fixed:  # the fixed-shape copy took the step, unless the rows outnumber it
-            assert (batch._fixed_length is not None) == (len(seqs) <= 4)
+            assert batch._in_fixed == (len(seqs) <= 4)
         tolerance = 1e-4 if fixed else 1e-5  # a masked sum over every slot rounds differently
         for row, s in enumerate(seqs):
             torch.testing.assert_close(logits[row], alone(model, s), atol=tolerance,
