@@ -22,18 +22,14 @@ def resolve_accelerator(accelerator: str | None) -> str:
     return "gpu" if accelerator == "cuda" else accelerator
 
 
-# Lightning's name for training in each of the rule's number types (a grad scaler under float16).
-MIXED_PRECISION = {torch.bfloat16: "bf16-mixed", torch.float16: "16-mixed",
-                   torch.float32: "32-true"}
-
-
 def default_precision(accelerator: str) -> str:
     """Lightning precision for a device: mixed in ``minigpt.devices.preferred_dtype``'s number
     type (``bf16-mixed`` where bf16 is native, ``16-mixed`` on older GPUs), else ``32-true``."""
     device_type = {"gpu": "cuda", "cpu": "cpu"}.get(resolve_accelerator(accelerator))
     if device_type is None or (device_type == "cuda" and not torch.cuda.is_available()):
         return "32-true"
-    return MIXED_PRECISION[preferred_dtype(device_type, has_native_bf16(device_type))]
+    dtype = preferred_dtype(device_type, has_native_bf16(device_type))
+    return {torch.bfloat16: "bf16-mixed", torch.float16: "16-mixed"}.get(dtype, "32-true")
 
 
 def fsdp_mixed_precision(precision: str):

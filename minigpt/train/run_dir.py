@@ -6,6 +6,7 @@ Hydra writes there), and a run that fails before it trains leaves nothing behind
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import socket
@@ -58,11 +59,9 @@ def claim_run_dir(parent: str) -> str:
     Path(parent).mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):
         candidate = Path(parent) / (name if n == 1 else f"{name}-{n}")
-        try:
+        with contextlib.suppress(FileExistsError):  # another run's: try the next name
             candidate.mkdir()
             return str(candidate)
-        except FileExistsError:
-            continue
     raise ConfigError(f"{parent} already holds 999 runs named {name}; set hydra.run.dir")
 
 
