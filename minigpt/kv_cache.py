@@ -1,27 +1,15 @@
 """The key/value cache of a model's layers for incremental decoding: one object, one write path.
 
-Each layer has a fixed-capacity key buffer and value buffer (B, h, S, hd): ``h`` is the layer's
-key/value heads (fewer than the query heads under grouped-query attention) and the keys are
-stored rotated (rotary embeddings), as the layer attends with them. Token ``t`` of the stream
-goes to slot ``t % S`` (``index_copy_``): a full cache never wraps (a write past its capacity is
-an error; the sampler crops first), and a sliding-window cache of ``window`` slots is a ring whose
-memory stays flat however long the generation runs.
-
-What the layers share lives here once: each slot's stream index (-1: empty), which slots hold
-padding (left-padded prompts), each row's next position, and the number of tokens seen, kept as
-a device tensor so a captured CUDA graph can read and advance it. The mask of the slots a new
-token may see is derived from them. The model advances that bookkeeping once per forward, before
-its blocks (``KVCache.advance``); each layer then only writes its keys/values (``LayerCache``).
-
-How a one-token step attends is a property of the cache (``sliced``): over the filled slots only
-(the buffers sliced to the tokens seen: the least work, for the eager decoder and the CPU), or
-over the whole capacity under that mask, so that every step has the same shapes and one captured
-graph replays them all (``minigpt.static_decoding``).
-
-A batch that requests join and leave between steps (``minigpt.serve``) keeps its rows in one
-sliced cache: ``append_rows`` adds the rows of a prefill cache, their tokens ending with the
-others' (earlier slots are their padding), ``rows`` keeps some, ``drop_leading_padding`` moves
-out the slots that are padding in every row.
+Each layer has a key and a value buffer (B, h, S, hd) of ``h`` key/value heads (keys stored
+rotated under rotary embeddings). Token ``t`` of the stream goes to slot ``t % S``: a full cache
+refuses a write past its capacity; a sliding-window cache of ``window`` slots is a ring. The
+bookkeeping the layers share (each slot's stream index, padding, each row's next position, the
+token count as a device tensor) lives here; the model advances it once per forward
+(``KVCache.advance``) and each layer writes through its ``LayerCache``. ``sliced`` caches attend
+over the filled slots only (eager decoding); ``sliced=False`` over the whole capacity under a
+mask, with fixed shapes for a captured graph (``minigpt.static_decoding``,
+``minigpt.serve.graphs``). A serving batch's rows join (``append_rows``) and leave (``rows``)
+between steps.
 
 Shape letters: B batch, h cached heads, S slots, T new tokens, L visible keys, hd head dim.
 """

@@ -1,26 +1,15 @@
 """Logits -> next token (temperature, top-k, top-p), and the generation loop with the KV cache.
 
-The sampling steps are pure functions of a (B, V) logits tensor. ``generate`` runs the model:
-the prompt in one forward pass, then one token per step that reuses the cached keys/values.
+The sampling steps are pure functions of a (B, V) logits tensor. ``generate`` reads the prompt
+in one forward pass, then one token per step over the cached keys/values.
 
-Context window (the model never sees more than ``context_length`` tokens). Each row conditions
-on a *window*: the tokens from its window start to the end. The window starts at the first
-real token (or the last ``context_length`` tokens of a longer prompt, with a warning); when
-appending a token would make it longer than ``context_length``, it is cropped to its last
-``crop_to`` tokens (default ``context_length // 2``) and the cache is refilled with one forward
-pass over the cropped window, whose tokens then sit at positions 0, 1, ... This is the contract
-for both paths: ``use_cache=False`` runs the model on the same window every step, so cached and
-uncached decoding agree token for token before, at and after a crop. ``crop_to=context_length``
-gives the classic sliding window (the model always sees the last ``context_length`` tokens) at
-the price of a full forward pass per token once the context is full; smaller values make
-refills rare (one per ``context_length - crop_to + 1`` new tokens) but shrink the visible
-history right after each one. So a long prompt never makes generation impossible; only an empty
-one does (start from the end-of-text token).
-
-A model with rotary positions and a sliding window (``model.unbounded``) has no such limit: its
-ring-buffer KV cache keeps the last ``window`` tokens of every layer, so its windows are never
-cropped, generation runs past ``context_length`` with flat memory, and the uncached reference
-runs the model on the whole sequence.
+The context window: each row conditions on its tokens from its first real one (the last
+``context_length`` of a longer prompt, with a warning). When a new token would overflow the
+context, the window is cropped to its last ``crop_to`` tokens (default ``context_length // 2``)
+and the cache refilled with one forward pass, the tokens at positions 0, 1, ...;
+``use_cache=False`` runs the model on the same windows, so both paths agree token for token.
+A rotary sliding-window model (``model.unbounded``) is never cropped: its ring cache keeps the
+last ``window`` tokens.
 
 Shape letters: B batch, T prompt tokens, N tokens so far, L window tokens, V vocabulary.
 """
