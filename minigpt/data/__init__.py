@@ -9,13 +9,12 @@ from minigpt.data.prepare import prepare_dataset
 from minigpt.data.tokens import (
     check_token_ids,
     check_vocab_fits,
-    dataset_dir,
     dtype_for,
     load_meta,
     open_tokens,
 )
 
-__all__ = ["DataConfig", "DataError", "TokenDataModule", "check_token_ids", "check_vocab_fits", "dataset_dir",
+__all__ = ["DataConfig", "DataError", "TokenDataModule", "check_token_ids", "check_vocab_fits",
            "dtype_for", "load_meta", "open_tokens", "prepare_dataset"]
 
 

