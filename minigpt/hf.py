@@ -228,15 +228,16 @@ def _config_from_hf(hf: dict, overrides: dict, where: Path) -> dict:
     for key, value in overrides.items():
         if key not in values:  # values holds every GPTConfig field
             raise PretrainedError(f"GPTConfig: unknown field(s) [{key!r}]; valid fields are "
-                             f"{sorted(values)}")
+                                  f"{sorted(values)}")
         if key == "context_length" and isinstance(value, int) and value > values[key]:
             raise PretrainedError(
                 f"context_length={value} exceeds the checkpoint's n_positions={values[key]} "
                 f"({where}): its position embeddings stop there; ask for context_length <= "
                 f"{values[key]}")
         elif key not in _FREE_OVERRIDES and value != values[key]:
-            raise PretrainedError(f"{key}={value!r} contradicts the checkpoint ({key}={values[key]!r} "
-                             f"in {where}); only {', '.join(_FREE_OVERRIDES)} can be changed")
+            raise PretrainedError(f"{key}={value!r} contradicts the checkpoint ({key}="
+                                  f"{values[key]!r} in {where}); only "
+                                  f"{', '.join(_FREE_OVERRIDES)} can be changed")
         values[key] = value
     return values
 

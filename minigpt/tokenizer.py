@@ -25,7 +25,7 @@ class TokenizerUnavailableError(UserError, RuntimeError):
 
 
 class Tokenizer(ABC):
-    """The interface the rest of minigpt uses: ``encode``, ``decode``, ``vocab_size``, ``eot_id``."""
+    """What the rest of minigpt uses: ``encode``, ``decode``, ``vocab_size``, ``eot_id``."""
 
     name: str
     vocab_size: int
@@ -72,7 +72,8 @@ class TiktokenTokenizer(Tokenizer):
 
     def __init__(self, name: str = "gpt2"):
         if name not in TIKTOKEN_ENCODINGS:
-            raise ValueError(f"unknown tiktoken encoding {name!r}; choose one of {TIKTOKEN_ENCODINGS}")
+            raise ValueError(f"unknown tiktoken encoding {name!r}; choose one of "
+                             f"{TIKTOKEN_ENCODINGS}")
         self.name = name
         self._enc = _load_encoding(name)
         self.vocab_size = self._enc.n_vocab
@@ -97,8 +98,8 @@ class TiktokenTokenizer(Tokenizer):
                      transform: Callable[[str], str] | None = None) -> list[np.ndarray]:
         # tiktoken's Rust core releases the GIL, so threads overlap encoding with ``transform``
         if num_threads <= 1 or len(texts) <= 1:
-            return [self._enc.encode_to_numpy(transform(t) if transform else t, disallowed_special=())
-                    for t in texts]
+            return [self._enc.encode_to_numpy(transform(t) if transform else t,
+                                              disallowed_special=()) for t in texts]
         key = (num_threads, os.getpid())  # a forked child inherits the pool object, not its threads
         if self._pool is None or self._pool_key != key:
             self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix=f"tiktoken-{self.name}")
@@ -131,7 +132,8 @@ class CharTokenizer(Tokenizer):
     def __init__(self, chars: str | Sequence[str]):
         chars = list(chars)
         if not chars or any(len(c) != 1 for c in chars) or len(set(chars)) != len(chars):
-            raise ValueError("CharTokenizer needs a non-empty sequence of distinct single characters")
+            raise ValueError("CharTokenizer needs a non-empty sequence of distinct single "
+                             "characters")
         self.chars = chars
         self.eot_id = len(chars)
         self.vocab_size = len(chars) + 1
@@ -180,7 +182,8 @@ class CharTokenizer(Tokenizer):
         parts = []
         for i in map(int, ids):
             if not 0 <= i <= self.eot_id:
-                raise ValueError(f"token id {i} is outside the character vocabulary (size {self.vocab_size})")
+                raise ValueError(f"token id {i} is outside the character vocabulary (size "
+                                 f"{self.vocab_size})")
             parts.append(EOT_TEXT if i == self.eot_id else self.chars[i])
         return "".join(parts)
 
@@ -219,8 +222,7 @@ def tokenizer_from_dict(d: dict) -> Tokenizer:
         raise ValueError(f"unknown tokenizer type {kind!r} in {sorted(d)}")
     stored = (d.get("vocab_size", tok.vocab_size), d.get("eot_id", tok.eot_id))
     if stored != (tok.vocab_size, tok.eot_id):
-        raise ValueError(
-            f"tokenizer {tok.name!r} now has vocab_size={tok.vocab_size}, eot_id={tok.eot_id} but was "
-            f"saved with vocab_size={stored[0]}, eot_id={stored[1]}"
-        )
+        raise ValueError(f"tokenizer {tok.name!r} now has vocab_size={tok.vocab_size}, eot_id="
+                         f"{tok.eot_id} but was saved with vocab_size={stored[0]}, eot_id="
+                         f"{stored[1]}")
     return tok

@@ -130,9 +130,11 @@ def _load_state(fabric: Fabric, path: Path, legacy: bool, module, optimizers: di
 def _restore_legacy_file(fabric: Fabric, path: Path, module, optimizer) -> dict:
     """A whole-file checkpoint of Lightning's Trainer: weights under ``state_dict``, the
     optimizer state in a one-item list (which ``fabric.load`` does not look into)."""
-    if any(isinstance(m, torch.distributed.fsdp.FullyShardedDataParallel) for m in module.modules()):
-        raise ConfigError(f"ckpt_path={path} was written by an older minigpt as one file; resume it "
-                          "without trainer=fsdp once (its next checkpoint is in today's format)")
+    fsdp = torch.distributed.fsdp.FullyShardedDataParallel
+    if any(isinstance(m, fsdp) for m in module.modules()):
+        raise ConfigError(f"ckpt_path={path} was written by an older minigpt as one file; resume "
+                          "it without trainer=fsdp once (its next checkpoint is in today's "
+                          "format)")
     rest = fabric.load(path, {LEGACY_KEYS["model"]: module}, strict=False, weights_only=True)
     optimizer.load_state_dict(rest[LEGACY_KEYS["optimizer"]][0])
     return rest

@@ -38,7 +38,8 @@ def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, ignore_inde
 
 
 def _forward(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chunk: int,
-             softcap: float | None, need_grads: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+             softcap: float | None, need_grads: bool
+             ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     device = h.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
     hc, wc = h.detach().to(dtype), weight.detach().to(dtype)
