@@ -25,6 +25,7 @@ from minigpt.data.config import DataConfig, DataError
 from minigpt.data.epochs import ResumableBatches, rank_batches
 from minigpt.data.sources import load_hub
 from minigpt.documents import document_ids_of
+from minigpt.field_rules import OneOf, field_problems
 from minigpt.model import IGNORE_INDEX
 from minigpt.paths import INPUT_GLOBS, expand_paths, path_field
 from minigpt.tokenizer import CharTokenizer, Tokenizer, get_tokenizer, tokenizer_from_dict
@@ -158,17 +159,13 @@ class ChatSettings:
     def from_args(cls, args: dict) -> ChatSettings:
         """From ``data.source_args``; every bad or unknown key in one ``DataError`` line."""
         known = {f.name for f in dataclasses.fields(cls)}
-        problems = [f"unknown data.source_args.{k} (known: {', '.join(sorted(known))})"
-                    for k in sorted(set(args) - known)]
         settings = cls(**{k: v for k, v in args.items() if k in known})
-        for name, allowed in (("train_on", TRAIN_ON), ("rows", ROW_MODES),
-                              ("too_long", TOO_LONG)):
-            value = getattr(settings, name)
-            if value not in allowed:
-                problems.append(f"data.source_args.{name}={value!r} must be one of "
-                                f"{', '.join(allowed)}")
         if isinstance(settings.val_paths, str):
             settings.val_paths = [settings.val_paths]
+        problems = [f"unknown data.source_args.{k} (known: {', '.join(sorted(known))})"
+                    for k in sorted(set(args) - known)]
+        rules = {"train_on": OneOf(TRAIN_ON), "rows": OneOf(ROW_MODES), "too_long": OneOf(TOO_LONG)}
+        problems += field_problems(settings, rules, "data.source_args.")
         if problems:
             raise DataError("bad chat data config: " + "; ".join(problems))
         return settings
@@ -207,12 +204,11 @@ class Conversations:
                                 "or data.source_args.too_long=truncate")
             self.log(report.describe(split, T + 1))
             splits[split], reports[split] = (x, y), report
-        data = ChatDataModule(dataclasses.replace(self.config, batch_size=batch_size),
+        return ChatDataModule(dataclasses.replace(self.config, batch_size=batch_size),
                               self.template, splits["train"], splits["val"], seed=seed,
-                              rank=rank, world_size=world_size)
-        data.pin_memory, data.train_tokens = pin_memory, reports["train"].tokens
-        data.document_bos = self.template.bos_id if document_mask else None
-        return data
+                              rank=rank, world_size=world_size, pin_memory=pin_memory,
+                              document_bos=self.template.bos_id if document_mask else None,
+                              train_tokens=reports["train"].tokens)
 
 
 def read_conversations(config: DataConfig, settings: ChatSettings):
@@ -272,15 +268,16 @@ class ChatDataModule(ResumableBatches):
     template the checkpoints store."""
 
     def __init__(self, config: DataConfig, template, train: Rows, val: Rows, seed: int = 1337,
-                 *, rank: int = 0, world_size: int = 1):
+                 *, rank: int = 0, world_size: int = 1, pin_memory: bool = False,
+                 document_bos: int | None = None, train_tokens: int = 0):
         self.config, self.template = config, template
         self.train_rows, self.val_rows = train, val
         self.batch_size = config.batch_size
         self.context_length = train[0].shape[1]
         self.seed, self.rank, self.world_size = int(seed), rank, world_size
-        self.pin_memory = False
-        self.document_bos: int | None = None  # set: batches carry document_ids
-        self.train_tokens = 0  # tokens of the conversations in the training rows
+        self.pin_memory = pin_memory
+        self.document_bos = document_bos  # set: batches carry document_ids
+        self.train_tokens = train_tokens  # tokens of the conversations in the training rows
 
     def _batch(self, rows: Rows, index: np.ndarray) -> tuple[torch.Tensor, ...]:
         x = torch.from_numpy(rows[0][index])  # (B, T)

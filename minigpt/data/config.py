@@ -121,7 +121,8 @@ class DataConfig:
         return field_problems(self, DATA_RULES) + self.spanning_problems()
 
     def spanning_problems(self) -> list[str]:
-        """What a source needs besides itself."""
+        """What a source needs besides itself, and settings given (not their defaults) that this
+        source or alignment never reads: a run would go on without them, unnoticed."""
         needs = {"files": (self.paths, "source=files needs paths (files or globs)"),
                  "hub": (self.hub_name, "source=hub needs hub_name"),
                  "shards": (self.train_shards and self.val_shards,
@@ -129,18 +130,14 @@ class DataConfig:
                  "chat": (self.paths or self.hub_name,
                           "source=chat needs paths (.jsonl files) or hub_name")}
         given, problem = needs.get(self.source, (True, ""))
-        return ([] if given else [problem]) + self.unread_settings()
-
-    def unread_settings(self) -> list[str]:
-        """Settings given (not their defaults) that this source or alignment never reads: a
-        run would go on without them, unnoticed."""
         defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING
                     else f.default for f in dataclasses.fields(DataConfig)}
         source = self.source if self.source in SOURCES else "a dotted path"
-        problems = [f"{key}={getattr(self, key)!r} is read only by source={' or '.join(readers)}, "
-                    f"not by source={self.source}: drop it, or choose a source that reads it"
-                    for key, readers in READ_BY.items()
-                    if source not in readers and getattr(self, key) != defaults[key]]
+        problems = [] if given else [problem]
+        problems += [f"{key}={getattr(self, key)!r} is read only by source={' or '.join(readers)}, "
+                     f"not by source={self.source}: drop it, or choose a source that reads it"
+                     for key, readers in READ_BY.items()
+                     if source not in readers and getattr(self, key) != defaults[key]]
         if self.source == "shards" and self.tokenizer != "gpt2":
             problems.append(f"tokenizer={self.tokenizer} does nothing with source=shards (llm.c "
                             "shards hold GPT-2 ids): drop it")

