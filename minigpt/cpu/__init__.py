@@ -16,9 +16,8 @@ from torch import nn
 from minigpt.attention import MultiHeadAttention
 from minigpt.cpu import onednn
 from minigpt.cpu.blocks import compile_blocks
-from minigpt.cpu.decode_attention import fuse_into_compiled_steps
 from minigpt.cpu.loss import ChunkedNextTokenLoss
-from minigpt.cpu.packed import ROWSUM, PackedLinear, prompt_product
+from minigpt.cpu.packed import ROWSUM, PackedLinear, fuse_into_compiled_steps, prompt_product
 
 __all__ = ["keep_freed_host_memory", "speed_up_decoding", "speed_up_training"]
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers, glibc's <malloc.h>

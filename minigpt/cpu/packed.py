@@ -1,5 +1,5 @@
-"""Linear layers for fast CPU decoding, whose speed is that of reading the weights: each keeps
-a copy of its weight in the layout one kernel reads fastest, chosen by rule
+"""Fast CPU decoding, whose speed is that of reading the weights: linear layers that each keep
+a copy of their weight in the layout one kernel reads fastest, chosen by rule
 (``minigpt.cpu.speed_up_decoding``), for inference only (the copy does not follow updates):
 
 * ``onednn``: oneDNN's blocked copy (``minigpt.cpu.onednn``), float32 or bfloat16: eager decoding;
@@ -7,6 +7,12 @@ a copy of its weight in the layout one kernel reads fastest, chosen by rule
 * ``rowsum``: the (out, in) weight, whose one-row product, a multiply and a sum per weight row,
   inductor compiles into one streaming pass inside a compiled decode step; several rows (a
   prompt) multiply widened blocks of it as ``prompt_product`` says. Activations stay float32.
+
+A compiled step's one-query attention is written as products and sums too (SDPA's CPU kernel
+is a call out of the compiled program that splits its loops at every layer; eagerly SDPA is the
+faster): ``fuse_into_compiled_steps`` patches an attention instance from outside to take it
+inside a compiled step only. Shape letters: B batch, nh query heads, nkv key/value heads,
+L cached slots, hd head size, g query heads per key/value head.
 """
 
 from __future__ import annotations
@@ -126,3 +132,39 @@ class PackedLinear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"weight_dtype={self.weight_dtype}, kernel={self.kernel}"
                 + (f", product={self.product}" if self.kernel == ROWSUM else ""))
+
+
+def one_query_attention(q: Tensor, keys: Tensor, values: Tensor,
+                        mask: Tensor | None) -> Tensor:
+    """``F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)`` for
+    q (B, nh, 1, hd) over keys, values (B, nkv, L, hd) under ``mask`` (B or 1, 1, 1, L) bool
+    (True = may attend, at least one per row; or None), in the inputs' type."""
+    B, nh, _, hd = q.shape
+    nkv = keys.shape[1]
+    grouped = q.view(B, nkv, nh // nkv, 1, hd)  # (B, nkv, g, 1, hd)
+    # Scores as a column (..., L, 1): the softmax and the weighted sum of values then run
+    # along L, each head's keys and values read once, row by row, as they lie in the cache.
+    scores = (grouped * keys.unsqueeze(2)).sum(-1, keepdim=True) * hd ** -0.5  # (B, nkv, g, L, 1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask.unsqueeze(-1), float("-inf"))  # mask (B|1, 1, 1, L, 1)
+    weights = scores.softmax(dim=-2)
+    out = (weights * values.unsqueeze(2)).sum(-2)  # (B, nkv, g, hd)
+    return out.view(B, nh, 1, hd)
+
+
+def fuse_into_compiled_steps(attention: nn.Module) -> bool:
+    """Route ``attention``'s (a ``MultiHeadAttention``) one-query cached step inside a compiled
+    step to ``one_query_attention``, patching the instance only; False if already patched."""
+    cached = attention._cached_attention
+    if getattr(cached, "fused_one_query", False):
+        return False
+
+    def cached_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
+                         dropout_p: float) -> Tensor:
+        if q.shape[2] == 1 and dropout_p == 0.0 and torch.compiler.is_compiling():
+            return one_query_attention(q, keys, values, mask)
+        return cached(q, keys, values, mask, dropout_p)
+
+    cached_attention.fused_one_query = True
+    attention._cached_attention = cached_attention
+    return True

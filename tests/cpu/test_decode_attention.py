@@ -1,4 +1,4 @@
-"""minigpt.cpu.decode_attention: the compiled CPU step's one-query attention, against the
+"""minigpt.cpu.packed.one_query_attention: the compiled CPU step's one-query attention, against the
 attention formula written out here (softmax of the scaled scores under the mask, times the
 values), compiled and eager, with grouped key/value heads; and whole models decoded through it."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minigpt.cpu import speed_up_decoding
-from minigpt.cpu.decode_attention import one_query_attention
+from minigpt.cpu.packed import one_query_attention
 from minigpt.model import GPT, GPTConfig
 from minigpt.sampling import generate
 from minigpt.static_decoding import StaticDecoder
