@@ -376,7 +376,7 @@ def test_data_root_that_is_a_file_or_read_only_is_one_line(tmp_path):
     with pytest.raises(DataError, match=f"data_root={tmp_path / 'afile'} is a file") as e:
         prepare_dataset(cfg, tmp_path / "afile", progress=False)
     one_line(e)
-    with pytest.raises(DataError, match="afile/sub cannot be created .*writable directory"):
+    with pytest.raises(DataError, match="afile/sub cannot be made: .*afile is a file"):
         prepare_dataset(cfg, tmp_path / "afile" / "sub", progress=False)
     read_only = tmp_path / "ro"
     read_only.mkdir(mode=0o555)

@@ -28,6 +28,7 @@ from minigpt.data.tokenize import Tokenize, text_of
 from minigpt.data.tokens import FORMAT_VERSION, SPLITS, dtype_for, load_meta
 from minigpt.errors import first_line
 from minigpt.files import atomic_write
+from minigpt.paths import OUTPUT_DIR, output_problem
 from minigpt.tokenizer import CharTokenizer, Tokenizer, get_tokenizer
 
 log = logging.getLogger(__name__)
@@ -229,7 +230,8 @@ def prepare_dataset(data_cfg: Any, data_root: str | os.PathLike = "data", *, pro
     if (meta := _reusable(directory, fp)) is not None:
         log.info("reusing %s (fingerprint %s)", directory, fp)
         return meta
-    _check_data_root(root)
+    if (problem := output_problem(str(root), OUTPUT_DIR)) is not None:
+        raise DataError(f"data_root={root} {problem}")
     try:
         return _prepare_locked(cfg, root, directory, inputs, fp, progress)
     except FileNotFoundError:
@@ -237,21 +239,6 @@ def prepare_dataset(data_cfg: Any, data_root: str | os.PathLike = "data", *, pro
     except OSError as e:  # a full or read-only disk under data_root, found while writing
         raise DataError(f"preparing {directory} failed writing ({first_line(e)}); free disk space "
                         "or point data_root at a writable directory") from None
-
-
-def _check_data_root(root: Path) -> None:
-    """One line unless ``root`` is (or can be made) a directory this process can write."""
-    if root.exists() and not root.is_dir():
-        raise DataError(f"data_root={root} is a file, not a directory; point data_root at a "
-                        "directory (data_root=data, the default)")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DataError(f"data_root={root} cannot be created ({first_line(e)}); point data_root "
-                        "at a writable directory") from None
-    if not os.access(root, os.W_OK):
-        raise DataError(f"data_root={root} is read-only, and the data must be prepared there; "
-                        "point data_root at a writable directory")
 
 
 def _prepare_locked(cfg: DataConfig, root: Path, directory: Path, inputs: dict, fp: str,
