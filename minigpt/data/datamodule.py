@@ -9,6 +9,7 @@ batches an uninterrupted one would; validation is a fixed set of rows, dealt out
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -202,7 +203,6 @@ class TokenDataModule(ResumableBatches):
         self.rank, self.world_size = rank, world_size
         self.pin_memory = torch.cuda.is_available()  # the loop turns it off for CPU processes
         self._meta: dict | None = None
-        self._tokenizer: Tokenizer | None = None
         self._val_starts: np.ndarray | None = None
         self._train_pool: np.ndarray | None = None  # BOS-aligned rows' document starts
         self._train_rows: np.ndarray | None = None  # sampling=epoch: the rows each epoch visits
@@ -220,11 +220,9 @@ class TokenDataModule(ResumableBatches):
             self._meta = source_for(self.config).stored_meta(self.config, self.directory)
         return self._meta
 
-    @property
+    @functools.cached_property
     def tokenizer(self) -> Tokenizer:
-        if self._tokenizer is None:
-            self._tokenizer = tokenizer_from_dict(self.meta["tokenizer"])
-        return self._tokenizer
+        return tokenizer_from_dict(self.meta["tokenizer"])
 
     @property
     def vocab_size(self) -> int:
@@ -284,10 +282,12 @@ class TokenDataModule(ResumableBatches):
         return source_for(self.config).split_tokens(self.config, self.directory, self.meta,
                                                     split)
 
-    def _loader(self, dataset: IterableDataset, persistent: bool) -> DataLoader:
+    def _loader(self, dataset: _Windows, split: str) -> DataLoader:
+        dataset.vocab_size, dataset.document_bos = self.meta["vocab_size"], self.document_bos
+        dataset.packed = self._packed.get(split)
         workers = self.config.num_workers
         return DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
-                          persistent_workers=persistent and workers > 0)
+                          persistent_workers=split == "val" and workers > 0)
 
     def train_dataloader(self) -> DataLoader:
         if self._val_starts is None:
@@ -295,11 +295,9 @@ class TokenDataModule(ResumableBatches):
         dataset = RandomWindows(self.split_tokens("train"), self.context_length, self.batch_size,
                                 self.seed, self.rank, start_batch=self.start_batch,
                                 pool=self._train_pool)
-        dataset.vocab_size, dataset.document_bos = self.meta["vocab_size"], self.document_bos
-        dataset.packed = self._packed.get("train")
         if self.config.sampling == "epoch":
             dataset.epochs = (self._train_rows, self.rows_read, self.world_size)
-        return self._loader(dataset, persistent=False)
+        return self._loader(dataset, "train")
 
     def _train_stream(self):
         return iter(self.train_dataloader())
@@ -310,10 +308,8 @@ class TokenDataModule(ResumableBatches):
         batches = rank_batches(self._val_starts, self.rank, self.world_size,
                                self.config.val_batch_size or self.batch_size, "window",
                                "raise data.val_tokens or val_fraction")
-        dataset = FixedWindows(self.split_tokens("val"), self.context_length, batches)
-        dataset.vocab_size, dataset.document_bos = self.meta["vocab_size"], self.document_bos
-        dataset.packed = self._packed.get("val")
-        return self._loader(dataset, persistent=True)
+        return self._loader(FixedWindows(self.split_tokens("val"), self.context_length, batches),
+                            "val")
 
     # ---- resumable state (stored in checkpoints: ResumableBatches) --------------------------
 
