@@ -96,11 +96,6 @@ class ShardStream:
                           for p, n in zip(self.paths, self.counts, strict=True)]
         return self._maps
 
-    def shard_of(self, offset: int) -> tuple[Path, int]:
-        """The shard holding stream offset ``offset`` and the offset within it."""
-        i = int(np.searchsorted(self.starts, offset, side="right")) - 1
-        return self.paths[i], int(offset - self.starts[i])
-
     def __getitem__(self, index) -> np.ndarray:
         if isinstance(index, slice):
             start, stop, step = index.indices(len(self))
@@ -130,13 +125,8 @@ class ShardStream:
         return self
 
     def check_batch(self, batch: np.ndarray, vocab_size: int, offsets: Sequence[int]) -> None:
-        """A ``DataError`` naming the shard and offset of an id >= ``vocab_size`` in ``batch``
-        (B, L), row ``i`` read from stream offset ``offsets[i]``: one vectorized max."""
-        batch = np.asarray(batch)
-        if batch.size == 0 or int(batch.max()) < vocab_size:
-            return
-        row, col = (int(i) for i in np.argwhere(batch >= vocab_size)[0])
-        _refuse(*self.shard_of(int(offsets[row]) + col), int(batch[row, col]), vocab_size)
+        """Nothing (the ``TokenFile`` interface): every id was checked against the tokenizer's
+        when the run opened the shards (``shards_meta``)."""
 
     def check_ids(self, vocab_size: int) -> None:
         """A ``DataError`` naming the shard and offset of the first id >= ``vocab_size``. A
@@ -148,17 +138,13 @@ class ShardStream:
                 continue
             bad, _ = find_bad_token(tokens, vocab_size, limit=len(tokens) + 1)
             if bad is not None:
-                _refuse(path, *bad, vocab_size)
+                raise DataError(f"{path} holds token id {bad[1]} at token offset {bad[0]}, beyond "
+                                f"the tokenizer's {vocab_size} ids: the shard is damaged or from "
+                                "another tokenizer; re-download it or write it again")
             _CLEAN.add(seen)
 
 
 _CLEAN: set[tuple] = set()  # shards ShardStream.check_ids read whole and found clean
-
-
-def _refuse(path: Path, offset: int, token: int, vocab_size: int):
-    raise DataError(f"{path} holds token id {token} at token offset {offset}, beyond the "
-                    f"tokenizer's {vocab_size} ids: the shard is damaged or from another "
-                    "tokenizer; re-download it or write it again")
 
 
 def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
