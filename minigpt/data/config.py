@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import encodings
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +34,11 @@ DATA_RULES = {
     "tokenizer": OneOf(("char", *TIKTOKEN_ENCODINGS)),
     "format": OneOf(FORMATS), "sample_by": OneOf(SAMPLE_BY), "val_split": OneOf(VAL_SPLITS),
     "align": OneOf(ALIGNS), "packing": OneOf(PACKINGS), "sampling": OneOf(SAMPLINGS),
-    "encoding": Satisfies(lambda name: _known_encoding(name), "an encoding Python knows (e.g. "
-                          "utf-8, latin-1, cp1252, utf-16)"),
+    # Python's own codecs (not codecs.lookup: a search function a package registers may accept
+    # any name)
+    "encoding": Satisfies(lambda name: isinstance(name, str) and encodings.search_function(
+        name.lower()) is not None, "an encoding Python knows (e.g. utf-8, latin-1, cp1252, "
+        "utf-16)"),
     "val_fraction": Range(0, 1, low_open=True, high_open=True),
     "num_workers": Range(0),
     "batch_size": POSITIVE_INTEGER,  # a training config also takes auto (minigpt.config.rules)
@@ -165,10 +169,3 @@ class DataConfig:
             raise DataError("data config needs a name (the directory under data/)")
         return cls(**cfg)
 
-
-def _known_encoding(name) -> bool:
-    """Whether Python's own codecs read ``name`` (codecs.lookup is not used: a codec search
-    function that a package registers may accept any name)."""
-    import encodings
-
-    return isinstance(name, str) and encodings.search_function(name.lower()) is not None

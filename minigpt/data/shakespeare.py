@@ -17,18 +17,13 @@ _HEADING_OR_SPEAKER = re.compile(r"^(?:#+[ \t]*(.*?)[ \t#]*|\*\*(.+?)\*\*)$", re
 _ESCAPE = re.compile(r"\\(.)")
 
 
-def _heading_or_speaker(m: re.Match) -> str:
-    if m.group(2) is not None:
-        return "\n" + m.group(2) + ":"
-    return "\n" + m.group(1) + "\n"
-
-
 def play_to_text(markdown: str) -> str:
     """One play's Markdown -> plain text: ``NAME:`` lines before speeches, no markup left."""
     text = markdown.replace("\r\n", "\n").replace("  \n", "\n")  # Markdown hard breaks
     while " \n" in text or "\t\n" in text:  # any other trailing whitespace
         text = text.replace(" \n", "\n").replace("\t\n", "\n")
-    text = _HEADING_OR_SPEAKER.sub(_heading_or_speaker, text)
+    text = _HEADING_OR_SPEAKER.sub(lambda m: f"\n{m.group(1)}\n" if m.group(2) is None
+                                   else f"\n{m.group(2)}:", text)
     # emphasis markers go, escaped characters stay (re.split puts them at the odd positions)
     parts = _ESCAPE.split(text)
     parts[::2] = [p.replace("*", "").replace("_", "") for p in parts[::2]]

@@ -101,7 +101,12 @@ class ShardStream:
             start, stop, step = index.indices(len(self))
             if step != 1:
                 raise IndexError("a ShardStream slice takes step 1 only")
-            return self._span(start, stop)
+            bounds = zip(self.maps, self.starts[:-1], self.starts[1:], strict=True)
+            parts = [tokens[max(start, lo) - lo:min(stop, hi) - lo]  # each shard's share
+                     for tokens, lo, hi in bounds if max(start, lo) < min(stop, hi)]
+            if len(parts) == 1:
+                return parts[0]
+            return np.concatenate(parts) if parts else np.empty(0, self.dtype)
         index = np.asarray(index, dtype=np.int64)
         shard = np.searchsorted(self.starts, index, side="right") - 1
         out = np.empty(index.shape, dtype=self.dtype)
@@ -109,16 +114,6 @@ class ShardStream:
             at = shard == i
             out[at] = self.maps[i][index[at] - self.starts[i]]
         return out
-
-    def _span(self, start: int, stop: int) -> np.ndarray:
-        parts = []
-        for i, tokens in enumerate(self.maps):
-            lo, hi = max(start, self.starts[i]), min(stop, self.starts[i + 1])
-            if lo < hi:
-                parts.append(tokens[lo - self.starts[i]:hi - self.starts[i]])
-        if len(parts) == 1:
-            return parts[0]
-        return np.concatenate(parts) if parts else np.empty(0, self.dtype)
 
     def open(self) -> ShardStream:
         """The stream itself (the ``TokenFile`` interface; its maps open on first read)."""
