@@ -60,11 +60,8 @@ class DataError(UserError, ValueError):
 
 @dataclass
 class DataConfig:
-    """What to tokenize and how (preparation), and how to batch it (the DataModule).
-
-    Only the fields marked [prepare] feed the fingerprint that decides whether prepared files are
-    reused; the rest can change freely between runs.
-    """
+    """What to tokenize and how, and how to batch it; only the fields marked [prepare] feed the
+    fingerprint that decides whether prepared files are reused."""
 
     name: str  # [prepare] directory under data_root
     source: str = "shakespeare"  # [prepare] shakespeare | files | hub | shards | a dotted path of your own

@@ -215,11 +215,8 @@ def _reusable(directory: Path, fp: str, announce: bool = False) -> dict | None:
 
 
 def prepare_dataset(data_cfg: Any, data_root: str | os.PathLike = "data", *, progress: bool = True) -> dict:
-    """Tokenize one data config into ``<data_root>/<name>/`` unless it is already there; its meta.
-    A source of tokens (``source=shards``) needs no preparing: its meta as it is.
-
-    ``data_cfg`` is one ``configs/data/*.yaml`` (``DictConfig``, dict or ``DataConfig``).
-    """
+    """The meta of one ``configs/data/*.yaml`` (``DictConfig``, dict or ``DataConfig``), tokenized
+    into ``<data_root>/<name>/`` unless it is there already; token shards are read as they are."""
     cfg = DataConfig.from_any(data_cfg)
     source, root = source_for(cfg), Path(data_root)
     directory = root / cfg.name

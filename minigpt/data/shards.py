@@ -64,10 +64,8 @@ def read_header(path: str | os.PathLike) -> int:
 
 class ShardStream:
     """Shards as one read-only token stream: ``len``, integer-array indexing (any shape, rows may
-    cross shard boundaries) and slices, each read from the shards' memory maps.
-
-    ``vocab_size``: every id is checked against it when the stream opens (a vectorized max
-    over each memory map, chunk by chunk; ``minigpt.data.tokens.find_bad_token``)."""
+    cross shard boundaries) and slices, read from the shards' memory maps; with ``vocab_size``,
+    every id is checked against it when the stream opens."""
 
     dtype = TOKEN_DTYPE
 
@@ -182,10 +180,9 @@ def bos_first(flat_tokens: np.ndarray, eot_id: int) -> np.ndarray:
 
 
 def shards_meta(config) -> dict:
-    """A data config with ``source=shards`` as a prepared dataset's meta: GPT-2's tokenizer,
-    uint16, each split's token count from its shards' headers, a fingerprint of their names
-    and counts (so a resumed run can tell other shards). Every token id is checked against the
-    tokenizer's (``ShardStream.check_ids``: once per process and shard)."""
+    """A ``source=shards`` config as a prepared dataset's meta: GPT-2's tokenizer, uint16, the
+    token counts and a fingerprint of the shards' names and counts; every id checked (once per
+    process and shard)."""
     tokenizer = get_tokenizer("gpt2")
     meta = {"name": config.name, "dtype": "uint16", "vocab_size": tokenizer.vocab_size,
             "tokenizer": tokenizer.to_dict()}
