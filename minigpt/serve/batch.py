@@ -1,18 +1,13 @@
-"""The rows decoding together: one KV cache (``minigpt.kv_cache``) with a row per running request.
+"""The rows decoding together: one KV cache (``minigpt.serve.cache``) with a row per request.
 
-A request joins between steps: its prompt is read in its own forward pass (new prompts that
-arrive together are read as one left-padded batch, each row at its own positions, as
-``generate`` reads several prompts), and the rows of that prefill cache are appended to the
-running cache, their tokens ending where the running rows' do; the slots before them are their
-padding. A request leaves by dropping its row. Every step then feeds each row its last token
-through ``GPT.forward`` with the cache: the one decode path, each row at its own position,
-padding never attended to, so a row's tokens do not depend on the others (up to the rounding
-of a larger matrix product).
-
-The rows stay left-aligned: the slots every row has as padding are dropped when rows join
-(``KVCache.append_rows``, one copy) and shifted out whenever the stream reaches the cache's
-capacity (``KVCache.drop_leading_padding``), so a step attends over the longest row's tokens, never more than
-the context.
+A request joins between steps: its prompt is read in its own forward pass (prompts that arrive
+together as one left-padded batch, each row at its own positions, as ``generate`` reads several)
+and the rows of that prefill cache are appended to the running cache (``BatchCache``), their
+tokens ending where the running rows' do. A request leaves by dropping its row. Every step feeds
+each row its last token through ``GPT.forward`` with the cache: the one decode path, each row at
+its own position, padding never attended to, so a row's tokens do not depend on the others (up
+to the rounding of a larger matrix product). With ``FixedShapeSteps`` (``minigpt.serve.graphs``)
+the steps between two changes of the rows run on its fixed-shape copy (CUDA graphs on a GPU).
 
 Shape letters: B rows, T prompt tokens, V vocabulary.
 """
@@ -23,6 +18,7 @@ import torch
 from torch import Tensor
 
 from minigpt.sampling import pad_prompts
+from minigpt.serve.cache import BatchCache
 
 
 class RunningBatch:
@@ -58,7 +54,7 @@ class RunningBatch:
         """Append the rows of a ``prefill`` cache, owned by ``owners``."""
         self._take_back()
         if self.cache is None:
-            self.cache = self.model.new_kv_cache(0, self.capacity)
+            self.cache = BatchCache.of(self.model, 0, self.capacity)
         self.cache.append_rows(cache)
         self.owners += owners
 

@@ -2,7 +2,7 @@
 
 An eager step launches a few hundred small kernels, each from Python; on a GPU that launching,
 not the arithmetic, bounds a small batch. ``FixedShapeSteps`` keeps one fixed-shape KV cache
-(``minigpt.kv_cache``, ``sliced=False``) of ``max_rows`` rows and the whole context and, for each
+(``minigpt.serve.cache``, ``sliced=False``) of ``max_rows`` rows and the whole context and, for each
 pair of a row count in ``bucket_sizes(max_rows)`` and a slot count in multiples of
 ``SLOT_BUCKET``, a view of its first rows and slots and, on a GPU, a CUDA graph of
 ``GPT.forward`` over that view (``torch.cuda.CUDAGraph``, captured once at start-up). A step of B
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from minigpt.serve.cache import BatchCache
 
 SLOT_BUCKET = 128  # a step attends over the filled slots rounded up to a multiple of this
 
@@ -38,7 +40,7 @@ class FixedShapeSteps:
     def __init__(self, model, max_rows: int, capacity: int, *, capture: bool,
                  slot_bucket: int = SLOT_BUCKET):
         self.model, self.max_rows = model, max_rows
-        self.cache = model.new_kv_cache(max_rows, capacity, sliced=False)
+        self.cache = BatchCache.of(model, max_rows, capacity, sliced=False)
         self.tokens = torch.zeros(max_rows, 1, dtype=torch.long, device=self.cache.seen.device)
         self.sizes = bucket_sizes(max_rows)
         self.slot_sizes = [*range(slot_bucket, capacity, slot_bucket), capacity]
