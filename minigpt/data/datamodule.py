@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -108,8 +109,8 @@ class PreparedTokens:
 
 
 class _Windows(IterableDataset):
-    """Base: the tokens (a ``TokenFile`` or a ``ShardStream``) are memory-mapped lazily in each
-    worker (a pickled memmap would be a copy)."""
+    """Base: batches of the windows at ``starts(worker, workers)``; the tokens (a ``TokenFile`` or
+    a ``ShardStream``) are memory-mapped lazily in each worker (a pickled memmap is a copy)."""
 
     vocab_size: int | None = None  # ids at or above it stop the run, naming file and offset
     document_bos: int | None = None  # set: batches carry document_ids, each such token a start
@@ -135,9 +136,10 @@ class _Windows(IterableDataset):
             return x, y
         return x, y, document_ids_of(x, self.document_bos)  # (B, T), made on the host
 
-    def _open(self) -> tuple[np.ndarray, int, int]:
-        info = get_worker_info()
-        return self.tokens.open(), (info.id if info else 0), (info.num_workers if info else 1)
+    def __iter__(self):
+        tokens, info = self.tokens.open(), get_worker_info()
+        for starts in self.starts(info.id if info else 0, info.num_workers if info else 1):
+            yield self._batch(tokens, starts)
 
 
 class RandomWindows(_Windows):
@@ -152,21 +154,16 @@ class RandomWindows(_Windows):
         # sampling=epoch: (rows, rows read before start_batch, processes); minigpt.data.epochs
         self.epochs: tuple[np.ndarray, int, int] | None = None
 
-    def starts(self, b: int) -> np.ndarray:
-        if self.epochs is not None:
-            rows, rows_read, world = self.epochs
-            return epoch_rows(self.seed, rows, batch_positions(
-                rows_read, b - self.start_batch, self.batch_size, self.rank, world))
-        if self.pool is not None:
-            return draw_rows(self.seed, self.rank, b, self.batch_size, self.pool)
-        return window_starts(self.seed, self.rank, b, self.batch_size, self.n_tokens, self.T)
-
-    def __iter__(self):
-        tokens, worker, workers = self._open()
-        b = self.start_batch + worker
-        while True:
-            yield self._batch(tokens, self.starts(b))
-            b += workers
+    def starts(self, worker: int, workers: int):
+        for b in itertools.count(self.start_batch + worker, workers):
+            if self.epochs is not None:
+                rows, rows_read, world = self.epochs
+                yield epoch_rows(self.seed, rows, batch_positions(
+                    rows_read, b - self.start_batch, self.batch_size, self.rank, world))
+            elif self.pool is not None:
+                yield draw_rows(self.seed, self.rank, b, self.batch_size, self.pool)
+            else:
+                yield window_starts(self.seed, self.rank, b, self.batch_size, self.n_tokens, self.T)
 
 
 class FixedWindows(_Windows):
@@ -179,10 +176,8 @@ class FixedWindows(_Windows):
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __iter__(self):
-        tokens, worker, workers = self._open()
-        for starts in self.batches[worker::workers]:
-            yield self._batch(tokens, starts)
+    def starts(self, worker: int, workers: int):
+        return self.batches[worker::workers]
 
 
 class TokenDataModule(ResumableBatches):
