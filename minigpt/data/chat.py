@@ -10,6 +10,7 @@ BOS, one after another (``packed``) or one a row (``padded``), padded with the B
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -287,11 +288,9 @@ class ChatDataModule(ResumableBatches):
 
     def _train_stream(self):
         pool = np.arange(len(self.train_rows[0]))
-        b = self.start_batch
-        while True:
+        for b in itertools.count(self.start_batch):
             yield self._batch(self.train_rows, draw_rows(self.seed, self.rank, b, self.batch_size,
                                                          pool))
-            b += 1
 
     def val_dataloader(self) -> list[tuple[torch.Tensor, ...]]:
         """This rank's share of the validation rows, in batches (every rank the same number)."""
