@@ -29,7 +29,7 @@ class ServeSchema:
     device: str = "auto"
     dtype: str = "auto"
     cpu_speedups: Any = "auto"  # generate.py's CPU weight layouts (minigpt.cpu); false: plain
-    cuda_graphs: bool = True  # a GPU's decode steps replay CUDA graphs (minigpt.serve.graphs)
+    cuda_graph_rows: int = 8  # on a GPU, steps of up to this many rows replay CUDA graphs; 0: none
     max_batch: int = 16  # requests decoded together
     max_queue: int = 64  # requests waiting for a row; more get 429
     max_tokens: int = 4096  # the most new tokens one request may ask for
@@ -45,7 +45,7 @@ SERVE_RULES = {
     "max_tokens": AT_LEAST_1, "max_body_bytes": Range(1024), "shutdown_timeout": Range(0),
     "stream_interval": Range(0, 10),
     "dtype": OneOf(DTYPES), "cpu_speedups": OneOf(("auto", False)),
-    "cuda_graphs": OneOf((True, False)),
+    "cuda_graph_rows": Range(0),
     "log_level": OneOf(("critical", "error", "warning", "info", "debug")),
     "host": Satisfies(lambda h: isinstance(h, str) and bool(h.strip()),
                       "an address to bind, e.g. 127.0.0.1 or 0.0.0.0"),

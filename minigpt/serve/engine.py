@@ -39,20 +39,20 @@ class Engine:
     """Decodes ``Sequence`` objects of ``model`` (placed, in eval mode) in one background
     thread: ``start``, ``submit``, ``stop``. ``capacity``: the tokens a row may hold (the
     context); ``prefill_tokens``: the most prompt tokens read in one forward pass (None: the
-    device's default); ``fixed_steps``: decode steps on fixed shapes (``minigpt.serve.graphs``;
-    None: on a GPU, replayed from CUDA graphs; True on the CPU: run eagerly, for tests)."""
+    device's default); ``graph_rows``: steps of at most that many rows run on fixed shapes
+    (``minigpt.serve.graphs``), replayed from CUDA graphs on a GPU, eagerly elsewhere (0: none)."""
 
     def __init__(self, model, *, max_batch: int = 16, max_queue: int = 64,
                  capacity: int | None = None, prefill_tokens: int | None = None,
-                 fixed_steps: bool | None = None):
+                 graph_rows: int = 0):
         self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
         on_gpu = model.tok_emb.weight.device.type == "cuda"
         self.prefill_tokens = prefill_tokens or (GPU_PREFILL_TOKENS if on_gpu else
                                                  CPU_PREFILL_TOKENS)
         capacity = capacity or model.kv_cache_capacity()
         steps = None
-        if on_gpu if fixed_steps is None else fixed_steps:
-            steps = FixedShapeSteps(model, max_batch, capacity, capture=on_gpu)
+        if graph_rows > 0:
+            steps = FixedShapeSteps(model, min(graph_rows, max_batch), capacity, capture=on_gpu)
         self.batch = RunningBatch(model, capacity, steps)
         self.waiting: deque[Sequence] = deque()
         self.steps = 0  # decode steps taken (for tests and logs)

@@ -6,8 +6,8 @@ placed as generate.py places its eager decoder. Uvicorn serves until SIGTERM or 
 accepting, lets the requests in flight finish for ``shutdown_timeout`` seconds, cancels the rest,
 and the process exits 0.
 
-On a GPU (``cuda_graphs=true``) the engine's decode steps replay CUDA graphs captured at
-start-up (``minigpt.serve.graphs``); prompts are read eagerly.
+On a GPU the engine's decode steps of up to ``cuda_graph_rows`` rows replay CUDA graphs captured
+at start-up (``minigpt.serve.graphs``); larger batches and prompts run eagerly.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def load_service(settings: ServeSchema) -> Service:
                         "attention only; sample it with generate.py")
     applied = loaded.place(cpu_speedups=settings.cpu_speedups is not False)
     engine = Engine(model, max_batch=settings.max_batch, max_queue=settings.max_queue,
-                    fixed_steps=None if settings.cuda_graphs else False)
+                    graph_rows=settings.cuda_graph_rows if loaded.device.startswith("cuda")
+                    else 0)
     name = settings.model_name or Path(loaded.source).name
     service = Service(model, loaded.tokenizer, engine, name=name,
                       template=loaded.chat_template, max_tokens=settings.max_tokens)
@@ -91,7 +92,8 @@ def _steps_note(engine: Engine) -> str:
     steps = engine.batch.fixed_steps
     if steps is None or not steps.graphs:
         return ""
-    return f", decode steps from CUDA graphs (batch sizes {', '.join(map(str, steps.sizes))})"
+    return (f", decode steps of up to {steps.max_rows} rows from CUDA graphs "
+            f"({len(steps.graphs)} captured)")
 
 
 def run(settings: ServeSchema) -> None:
