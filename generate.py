@@ -118,8 +118,6 @@ def _decode_rows(tokenizer, tokens, eos_id: int | None) -> list[str]:
 def _check_options(cfg: GenerateSchema) -> None:
     """Every bad value at once: the schema's types and rules, then the rules across fields."""
     problems = settings_problems(cfg)
-    if cfg.ckpt_path is not None and cfg.pretrained is not None:
-        problems.append("give ckpt_path or pretrained, not both")
     if sum([bool(cfg.prompt), cfg.prompt_file is not None, cfg.prompts is not None]) > 1:
         problems.append("give one of prompt, prompt_file and prompts")
     if cfg.prompts is not None and cfg.attention_map:

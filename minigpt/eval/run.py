@@ -107,8 +107,6 @@ def _task_list(tasks) -> list[str]:
 def _check_options(cfg: EvalCommandSchema) -> None:
     """Every bad value at once: the schema's types and rules, then the rules across fields."""
     problems = settings_problems(cfg, {"task": TASK_RULE})
-    if cfg.ckpt_path is not None and cfg.pretrained is not None:
-        problems.append("give ckpt_path or pretrained, not both")
     if cfg.task != "harness" and cfg.tasks is not None:
         problems.append("tasks= is for the harness: python -m minigpt.eval harness tasks=...")
     if cfg.task != "harness" and cfg.apply_chat_template:

@@ -68,8 +68,6 @@ def runs(cfg: VizSchema) -> str:
 def _check_options(cfg: VizSchema) -> None:
     """Every bad value at once: the schema's types and rules, then the rules across fields."""
     problems = settings_problems(cfg)
-    if cfg.ckpt_path is not None and cfg.pretrained is not None:
-        problems.append("give ckpt_path or pretrained, not both")
     if cfg.prompt is not None and cfg.prompt_file is not None:
         problems.append("give prompt or prompt_file, not both")
     if cfg.command == "runs" and not cfg.runs:
