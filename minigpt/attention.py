@@ -55,10 +55,9 @@ class MultiHeadAttention(nn.Module):
     ):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        problems = _check_sizes(d_in, d_out, context_length, num_heads, dropout)
-        if not problems:  # the variants' checks need valid sizes
-            problems = _check_variants(d_out // num_heads, num_heads, num_kv_heads, rope,
-                                       rope_theta, window, qk_norm, qk_norm_eps)
+        problems = _constructor_problems(d_in, d_out, context_length, num_heads, dropout,
+                                         num_kv_heads, rope, rope_theta, window, qk_norm,
+                                         qk_norm_eps)
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -207,9 +206,8 @@ class MultiHeadAttention(nn.Module):
         cache; ``forward`` never materializes them)."""
         q, k, _ = self._project(x, key_padding_mask, None)
         if self.rope_theta is not None:
-            if position_ids is None:
-                position_ids = torch.arange(x.shape[1], device=x.device)[None]
-            q, k = self._rotate(q, k, position_ids)
+            q, k = self._rotate(q, k, self._positions(x, None, None) if position_ids is None
+                                else position_ids)
         k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)  # (B, nh, T, hd)
         T = q.shape[2]
         positions = torch.arange(T, device=x.device)
@@ -283,26 +281,21 @@ class MultiHeadAttention(nn.Module):
                                  f"{key_padding_mask.dtype}")
 
 
-def _check_sizes(d_in, d_out, context_length, num_heads, dropout) -> list[str]:
-    """Problems with the book's constructor arguments."""
-    problems = []
-    for name, value in (("d_in", d_in), ("d_out", d_out), ("context_length", context_length),
-                        ("num_heads", num_heads)):
-        if not isinstance(value, int) or value <= 0:
-            problems.append(f"{name}={value!r} must be a positive integer")
+def _constructor_problems(d_in, d_out, context_length, num_heads, dropout, num_kv_heads, rope,
+                          rope_theta, window, qk_norm, eps) -> list[str]:
+    """Problems with the book's arguments, then (once those are valid) the variant keywords."""
+    problems = [f"{name}={value!r} must be a positive integer" for name, value in (
+        ("d_in", d_in), ("d_out", d_out), ("context_length", context_length),
+        ("num_heads", num_heads)) if not isinstance(value, int) or value <= 0]
     if not problems and d_out % num_heads != 0:
         problems.append(f"d_out={d_out} must be divisible by num_heads={num_heads}")
     if not 0.0 <= float(dropout) < 1.0:
         problems.append(f"dropout={dropout} must be in [0, 1)")
-    return problems
-
-
-def _check_variants(head_dim, num_heads, num_kv_heads, rope, rope_theta, window, qk_norm,
-                    eps) -> list[str]:
-    """Problems with the variant keywords (for valid sizes)."""
+    if problems:
+        return problems
     problems = [check_kv_heads(num_kv_heads, num_heads), check_window(window)]
     if rope:
-        problems += [check_rope_head_dim(head_dim), check_rope_theta(rope_theta)]
+        problems += [check_rope_head_dim(d_out // num_heads), check_rope_theta(rope_theta)]
     if not isinstance(qk_norm, bool):
         problems.append(f"qk_norm={qk_norm!r} must be true or false")
     elif qk_norm and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0):

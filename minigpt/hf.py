@@ -124,11 +124,11 @@ def read_gpt2(name_or_path: str | os.PathLike,
     (default 0.0; GPT-2 trained with 0.1), ``context_length`` (at most the checkpoint's; the
     position table is cropped) and ``init_std``; other fields must match the checkpoint."""
     directory = _resolve(name_or_path)
-    hf_config = _read_json(directory / "config.json")
-    config = _config_from_hf(hf_config, config_overrides, where=directory / "config.json")
+    config = _config_from_hf(_read_json(directory / "config.json"), config_overrides,
+                             where=directory / "config.json")
     files = _weight_files(directory)
     where = files[0] if len(files) == 1 else directory
-    return config, _hf_to_ours(_read_weights(directory), config, where)
+    return config, _hf_to_ours(_read_weights(files, directory), config, where)
 
 
 def _resolve(name_or_path: str | os.PathLike) -> Path:
@@ -258,8 +258,7 @@ def _weight_files(directory: Path) -> list[Path]:
     return []
 
 
-def _read_weights(directory: Path) -> dict[str, Tensor]:
-    files = _weight_files(directory)
+def _read_weights(files: list[Path], directory: Path) -> dict[str, Tensor]:
     if not files:
         raise FileNotFoundError(f"{directory} has config.json but no model.safetensors or "
                                 "pytorch_model.bin")

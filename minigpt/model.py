@@ -238,17 +238,12 @@ class GPT(nn.Module):
         ``zero_init_proj`` zeroes those projections and an untied head starts at zero."""
         std = self.config.init_std
         for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, mean=0.0, std=std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
+            if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
-                if module.weight is not None:
-                    nn.init.ones_(module.weight)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+                nn.init.ones_(module.weight)  # make_norm's always have a gain
+            if getattr(module, "bias", None) is not None:  # Linear's and LayerNorm's
+                nn.init.zeros_(module.bias)
         residual_std = std / math.sqrt(2 * self.config.n_layer)
         for block in self.blocks:
             for proj in (block.attn.out_proj, block.mlp.proj):
@@ -319,15 +314,13 @@ class GPT(nn.Module):
                 raise ValueError("document_ids were given to a model built with "
                                  "document_mask=false; set model.document_mask=true")
             check_document_ids(document_ids, idx.shape[0], T)
-            if position_ids is None:
-                if not self.unbounded:
-                    check_context_fits(T, self.config.context_length)
-                position_ids = document_positions(document_ids)  # (B, T)
         if position_ids is None:
             tokens = T if kv_cache is None else kv_cache.total_after(T)
             if not self.unbounded and tokens is not None:
                 check_context_fits(tokens, self.config.context_length)
-            if kv_cache is None:
+            if document_ids is not None:
+                position_ids = document_positions(document_ids)  # (B, T)
+            elif kv_cache is None:
                 position_ids = torch.arange(T, device=idx.device)[None]  # (1, T)
         layers = [None] * len(self.blocks)
         if kv_cache is not None:  # the cache learns of the new tokens once; the blocks only write

@@ -169,8 +169,8 @@ def generate(
     validate_sampling(temperature, top_k, top_p)
     B, T, pad_counts = _check_generate_inputs(model, idx, max_new_tokens, key_padding_mask,
                                               vocab_size, crop_to)
-    _check_decoder(decoder, model, B, use_cache, min(_window_limit(model), T + max_new_tokens))
     ctx = _window_limit(model)
+    _check_decoder(decoder, model, B, use_cache, min(ctx, T + max_new_tokens))
     keep = crop_to if crop_to is not None else max(1, model.config.context_length // 2)
     # Window start (a column of `out`) per row, as python ints: no device syncs in the loop.
     starts = [max(pad, T - ctx) for pad in pad_counts]
@@ -199,17 +199,16 @@ def _decode(model, out: Tensor, T: int, starts: list[int], keep: int, sample, *,
     (fewer than ``out``'s when every row has produced ``eos_id``)."""
     B, total = out.shape
     ctx = _window_limit(model)
-    padded = any(s != starts[0] for s in starts)
     finished = torch.zeros(B, dtype=torch.bool, device=out.device) if eos_id is not None else None
     cache = None
     if use_cache:
         cache = model.new_kv_cache(B) if decoder is None else decoder.cache
         cache.reset()  # a decoder's cache is reused across calls
     N = T  # tokens so far: out[:, :N]
-    logits = _forward_window(model, out, N, starts, padded, cache) if use_cache else None
+    logits = _forward_window(model, out, N, starts, cache) if use_cache else None
     while True:
         if not use_cache:
-            logits = _forward_window(model, out, N, starts, padded, None)
+            logits = _forward_window(model, out, N, starts, None)
         token = sample(logits[:, -1, :vocab_size])  # (B,)
         if finished is not None:
             token = token.masked_fill(finished, eos_id)
@@ -221,10 +220,9 @@ def _decode(model, out: Tensor, T: int, starts: list[int], keep: int, sample, *,
         if N == total or (finished is not None and bool(finished.all())):
             return N
         if _crop_windows(starts, N, ctx, keep):
-            padded = any(s != starts[0] for s in starts)
             if use_cache:  # positions shifted: recompute the cropped window once
                 cache.reset()
-                logits = _forward_window(model, out, N, starts, padded, cache)
+                logits = _forward_window(model, out, N, starts, cache)
         elif decoder is not None:
             logits = decoder.step(out[:, N - 1:N])
         elif use_cache:  # the cache continues each row's positions
@@ -267,12 +265,12 @@ def _crop_windows(starts: list[int], N: int, ctx: float, keep: int) -> bool:
     return cropped
 
 
-def _forward_window(model, out: Tensor, N: int, starts: list[int], padded: bool, cache):
+def _forward_window(model, out: Tensor, N: int, starts: list[int], cache):
     """Last-position logits (B, 1, V) of the model on each row's window ``out[row, start:N]``,
     left-padded to the longest window; fills ``cache`` if given."""
     first = min(starts)
     window = out[:, first:N]  # (B, L)
-    if not padded:
+    if all(s == first for s in starts):
         return model(window, kv_cache=cache, last_only=True)
     cols = torch.arange(first, N, device=out.device)[None, :]  # (1, L)
     row_starts = torch.tensor(starts, device=out.device)[:, None]  # (B, 1)
