@@ -317,14 +317,10 @@ def _hf_to_ours(hf_state: dict[str, Tensor], config: dict, where: Path) -> dict[
         raise PretrainedError(f"{where}: weights do not match config.json "
                               f"(n_layer={n_layer}): missing {missing[:5]}, "
                               f"unexpected {unexpected[:5]}")
+    ours["pos_emb.weight"] = ours["pos_emb.weight"][:context_length]  # maybe cropped
     for key, value in ours.items():
         expected = shapes[key]
-        if key == "pos_emb.weight":  # at least the context asked for (cropped below)
-            ok = value.dim() == 2 and value.shape[0] >= context_length \
-                and value.shape[1] == expected[1]
-        else:
-            ok = tuple(value.shape) == expected
-        if not ok:
+        if tuple(value.shape) != expected:
             raise PretrainedError(
                 f"{where}: {key} has shape {tuple(value.shape)}, but config.json (n_embd="
                 f"{config['n_embd']}, vocab_size={config['vocab_size']}) implies {expected}: the "
@@ -334,7 +330,6 @@ def _hf_to_ours(hf_state: dict[str, Tensor], config: dict, where: Path) -> dict[
                                 or not torch.equal(lm_head, ours["tok_emb.weight"])):
         raise PretrainedError(f"{where}: lm_head.weight differs from the token embedding; only "
                               "tied GPT-2 checkpoints are supported")
-    ours["pos_emb.weight"] = ours["pos_emb.weight"][:context_length]  # maybe cropped
     ours = {k: v.to(torch.float32).contiguous() for k, v in ours.items()}
     ours["lm_head.weight"] = ours["tok_emb.weight"]
     return ours
@@ -343,7 +338,7 @@ def _hf_to_ours(hf_state: dict[str, Tensor], config: dict, where: Path) -> dict[
 def _expected_shapes(config: dict) -> dict[str, tuple]:
     """The shape config.json implies for each weight of ``GPT``'s state dict."""
     C, V = config["n_embd"], config["vocab_size"]
-    shapes = {"tok_emb.weight": (V, C), "pos_emb.weight": ("n_positions", C),
+    shapes = {"tok_emb.weight": (V, C), "pos_emb.weight": (config["context_length"], C),
               "final_norm.weight": (C,), "final_norm.bias": (C,)}
     for i in range(config["n_layer"]):
         shapes.update({f"blocks.{i}.{name}": tuple(n * C for n in multiples)

@@ -284,11 +284,8 @@ def _check_generate_inputs(model, idx, max_new_tokens, key_padding_mask, vocab_s
     """Validate ``generate``'s arguments; return (B, T, left-padding count per row)."""
     ctx, model_vocab = model.config.context_length, model.config.vocab_size
     if not isinstance(idx, Tensor) or idx.dim() != 2 or idx.dtype != torch.long:
-        raise ValueError(
-            f"idx must be a (batch, tokens) long tensor, got "
-            f"{tuple(idx.shape) if isinstance(idx, Tensor) else type(idx).__name__}"
-            f"{' ' + str(idx.dtype) if isinstance(idx, Tensor) else ''}"
-        )
+        got = f"{tuple(idx.shape)} {idx.dtype}" if isinstance(idx, Tensor) else type(idx).__name__
+        raise ValueError(f"idx must be a (batch, tokens) long tensor, got {got}")
     B, T = idx.shape
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
             or max_new_tokens < 0:
