@@ -1,15 +1,10 @@
 """The key/value cache of a model's layers for incremental decoding: one object, one write path.
 
 Each layer has a key and a value buffer (B, h, S, hd) of ``h`` key/value heads (keys stored
-rotated under rotary embeddings). Token ``t`` of the stream goes to slot ``t % S``: a full cache
-refuses a write past its capacity; a sliding-window cache of ``window`` slots is a ring. The
+rotated under rotary embeddings); token ``t`` of the stream goes to slot ``t % S``. The
 bookkeeping the layers share (each slot's stream index, padding, each row's next position, the
-token count as a device tensor) lives here; the model advances it once per forward
-(``KVCache.advance``) and each layer writes through its ``LayerCache``. ``sliced`` caches attend
-over the filled slots only (eager decoding); ``sliced=False`` over the whole capacity under a
-mask, with fixed shapes for a captured graph (``minigpt.static_decoding``,
-``minigpt.serve.graphs``); ``minigpt.serve.cache`` extends it for a batch whose rows join and
-leave between steps.
+token count as a device tensor) lives in ``KVCache``; ``minigpt.serve.cache`` extends it for a
+batch whose rows join and leave between steps.
 
 Shape letters: B batch, h cached heads, S slots, T new tokens, L visible keys, hd head dim.
 """

@@ -1,7 +1,5 @@
-"""Logits -> next token (temperature, top-k, top-p), and the generation loop with the KV cache.
-
-The sampling steps are pure functions of a (B, V) logits tensor. ``generate`` reads the prompt
-in one forward pass, then one token per step over the cached keys/values.
+"""Logits -> next token (temperature, top-k, top-p), pure functions of (B, V) logits; and
+``generate``: the prompt in one forward pass, then one token per step over the KV cache.
 
 The context window: each row conditions on its tokens from its first real one (the last
 ``context_length`` of a longer prompt, with a warning). When a new token would overflow the

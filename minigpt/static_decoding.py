@@ -1,14 +1,8 @@
 """Fixed-shape decoding: ``GPT.forward`` on one token per row over a KV cache whose shapes never
-change, compiled once for every token (a CUDA graph on a GPU, inductor's C++ on the CPU).
-
-An eager step attends over the filled part of its cache, so each step has new shapes. A cache
-built with ``sliced=False`` (``minigpt.kv_cache``) attends over its whole capacity under the mask
-of the filled slots and counts tokens in a device tensor, so one graph serves every step; the
-capacity is sized to the generation (rounded up to ``CAPACITY_MULTIPLE``).
-``generate(..., decoder=StaticDecoder(model, B, compile=True))`` fills the cache from the prompt
-eagerly, then calls ``step`` once per token.
-
-Shape letters: B batch, V vocabulary.
+change (``sliced=False``: the whole capacity under the mask of the filled slots, the token count
+in a device tensor), compiled once for every token (a CUDA graph on a GPU, inductor's C++ on the
+CPU). ``generate(..., decoder=StaticDecoder(model, B, compile=True))`` fills the cache from the
+prompt eagerly, then calls ``step`` once per token. Shape letters: B batch, V vocabulary.
 """
 
 from __future__ import annotations
