@@ -331,15 +331,10 @@ class GPT(nn.Module):
             x = x + self.pos_emb(position_ids)
         x = self.drop(x)
         for i, (block, layer_cache) in enumerate(zip(self.blocks, layers, strict=True)):
-            x = block(x, key_padding_mask, layer_cache, position_ids, self.value_embedding(i, idx),
-                      document_ids)
+            # added to the layer's values (the modded-nanogpt speedrun, nanochat); None: no table
+            ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
+            x = block(x, key_padding_mask, layer_cache, position_ids, ve, document_ids)
         return self.final_norm(x)
-
-    def value_embedding(self, layer: int, idx: Tensor) -> Tensor | None:
-        """Layer ``layer``'s value embedding of ``idx`` (B, T, key/value features), added to its
-        values (the modded-nanogpt speedrun, nanochat), or None for a layer without one."""
-        key = str(layer)
-        return self.value_embeds[key](idx) if key in self.value_embeds else None
 
     def attention_layers(self) -> list[MultiHeadAttention]:
         """Every block's attention, in order (what attention maps and window schedules use)."""
