@@ -217,7 +217,9 @@ def _decode(model, out: Tensor, T: int, starts: list[int], keep: int, sample, *,
             on_token(token)
         if N == total or (finished is not None and bool(finished.all())):
             return N
-        if _crop_windows(starts, N, ctx, keep):
+        cropped = [N - keep if N - start > ctx else start for start in starts]
+        if cropped != starts:  # a row's window no longer fits: it keeps its last `keep` tokens
+            starts = cropped
             if use_cache:  # positions shifted: recompute the cropped window once
                 cache.reset()
                 logits = _forward_window(model, out, N, starts, cache)
@@ -250,17 +252,6 @@ def _window_limit(model) -> float:
     """The most tokens a row's window may hold: ``context_length``, or no limit (inf) for a
     model that runs past it (rope + sliding window, see the module docstring)."""
     return math.inf if getattr(model, "unbounded", False) else model.config.context_length
-
-
-def _crop_windows(starts: list[int], N: int, ctx: float, keep: int) -> bool:
-    """Move the start of every row whose window no longer fits ``ctx`` tokens to ``N - keep``,
-    in place; return whether any row moved."""
-    cropped = False
-    for row, start in enumerate(starts):
-        if N - start > ctx:  # the new token does not fit in this row's window
-            starts[row] = N - keep
-            cropped = True
-    return cropped
 
 
 def _forward_window(model, out: Tensor, N: int, starts: list[int], cache):
