@@ -124,15 +124,11 @@ CHECKPOINTING_SETTING = "trainer.activation_checkpointing=blocks"
 ESTIMATE_HEADROOM = 1.15
 
 
-# Vocabulary sizes of the tokenizers, known before the data is prepared (the char tokenizer's
-# is found while preparing; a few hundred at most for text in one script).
-_VOCAB_BEFORE_DATA = {"char": 256, "gpt2": 50257, "r50k_base": 50257, "p50k_base": 50281,
-                      "cl100k_base": 100277, "o200k_base": 200019}
-
-
-def vocab_before_data(tokenizer_name: str) -> int:
-    """A vocabulary size for a preflight before the data (and so the tokenizer) exists."""
-    return _VOCAB_BEFORE_DATA.get(tokenizer_name, 50257)
+# Vocabulary sizes of the tokenizers, for a preflight before the data (and so the tokenizer)
+# exists (the char tokenizer's is found while preparing; a few hundred at most for text in one
+# script); GPT-2's for any other.
+VOCAB_BEFORE_DATA = {"char": 256, "gpt2": 50257, "r50k_base": 50257, "p50k_base": 50281,
+                     "cl100k_base": 100277, "o200k_base": 200019}
 
 
 def plan_estimate(plan, model: dict, batch_size: int, *,

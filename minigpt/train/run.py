@@ -41,7 +41,7 @@ from minigpt.train.config import check_config
 from minigpt.train.device import build_fabric
 from minigpt.train.loggers import build_loggers
 from minigpt.train.loop import Loop, ModelWithLoss, Progress
-from minigpt.train.memory import check_run_fits, out_of_memory_as_resource_error, vocab_before_data
+from minigpt.train.memory import VOCAB_BEFORE_DATA, check_run_fits, out_of_memory_as_resource_error
 from minigpt.train.model_init import init_model, padded_vocab_size
 from minigpt.train.optim import build_optimizers, check_optimizers_run, schedule_for
 from minigpt.train.plan import RunPlan, batch_record, choose_batch, keep_global_batch, resolve_plan
@@ -161,8 +161,8 @@ def preflight(train: TrainSchema, plan: RunPlan, resume: ResumePoint | None) -> 
     if train.model.init_from:
         return
     vocab = train.model.vocab_size or padded_vocab_size(
-        resume.model_config["vocab_size"] if resume else vocab_before_data(train.data.tokenizer),
-        None)
+        resume.model_config["vocab_size"] if resume
+        else VOCAB_BEFORE_DATA.get(train.data.tokenizer, 50257), None)
     model_config = train.model.gpt_config(vocab).to_dict()
     if resume is not None:
         check_resume_matches(resume, model_config, skip=("vocab_size",))
