@@ -24,24 +24,15 @@ def compile_blocks(model: nn.Module) -> list[str]:
         return [f"eager blocks ({', '.join(options)}; window: not compiled)"]
     if not compiler_works():
         return [f"eager blocks ({', '.join(options)}; torch.compile found no C++ compiler)"]
-    todo = [block for block in blocks if not is_compiled_for_training(block)]
-    for block in todo:
-        compile_training_forward(block)
-    return [f"compiled blocks ({', '.join(options)}) ({len(todo)})"] if todo else []
+    compiled = sum(compile_training_forward(block) for block in blocks)
+    return [f"compiled blocks ({', '.join(options)}) ({compiled})"] if compiled else []
 
 
 def unfused_options(config) -> list[str]:
     """The ``GPTConfig`` options of ``config`` that run unfused on the CPU when eager."""
-    options = []
-    if config.norm == "rmsnorm":
-        options.append("norm=rmsnorm")
-    if config.qk_norm:
-        options.append("qk_norm")
-    if config.position == "rope":
-        options.append("position=rope")
-    if config.mlp == "relu2":
-        options.append("mlp=relu2")
-    return options
+    unfused = {"norm=rmsnorm": config.norm == "rmsnorm", "qk_norm": config.qk_norm,
+               "position=rope": config.position == "rope", "mlp=relu2": config.mlp == "relu2"}
+    return [name for name, on in unfused.items() if on]
 
 
 @functools.cache
@@ -55,9 +46,11 @@ def compiler_works() -> bool:
     return True
 
 
-def compile_training_forward(block: nn.Module) -> None:
+def compile_training_forward(block: nn.Module) -> bool:
     """Route ``block``'s training call (no padding, no cache) through a compiled forward, in
-    place; any other call takes the eager forward."""
+    place; any other call takes the eager forward. False when it already was."""
+    if is_compiled_for_training(block):
+        return False
     eager = block.forward
     compiled = torch.compile(eager)
 
@@ -71,6 +64,7 @@ def compile_training_forward(block: nn.Module) -> None:
 
     forward.compiled_for_training = True
     block.forward = forward  # an instance attribute: the class and its other instances unchanged
+    return True
 
 
 def is_compiled_for_training(block: nn.Module) -> bool:

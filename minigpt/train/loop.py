@@ -47,8 +47,7 @@ class ModelWithLoss(nn.Module):
         self.model = model
         if compile == "blocks":
             for block in model.blocks:
-                if not is_compiled_for_training(block):
-                    compile_training_forward(block)
+                compile_training_forward(block)
             head_loss = model.next_token_loss
             if not is_compiled_for_training(head_loss):
                 # An instance attribute, as the blocks': the module and its state dict unchanged.
