@@ -261,9 +261,10 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"x must have shape (batch, tokens, d_in={self.d_in}), got "
                              f"{tuple(x.shape)}")
         B, T, _ = x.shape
-        if kv_cache is not None and kv_cache.window != self.window:
-            raise ValueError(f"this KV cache was built for window={kv_cache.window}, the layer "
-                             f"attends with window={self.window}; build it with the layer's window")
+        if kv_cache is not None and kv_cache.cache.window != self.window:
+            raise ValueError(f"this KV cache was built for window={kv_cache.cache.window}, the "
+                             f"layer attends with window={self.window}; build it with the layer's "
+                             "window")
         if document_ids is not None:
             if kv_cache is not None:
                 raise ValueError("document_ids cannot be given with a KV cache: decoding is one "

@@ -259,6 +259,8 @@ def _weight_files(directory: Path) -> list[Path]:
 
 
 def _read_weights(files: list[Path], directory: Path) -> dict[str, Tensor]:
+    from safetensors.torch import load_file
+
     if not files:
         raise FileNotFoundError(f"{directory} has config.json but no model.safetensors or "
                                 "pytorch_model.bin")
@@ -268,7 +270,12 @@ def _read_weights(files: list[Path], directory: Path) -> dict[str, Tensor]:
             raise FileNotFoundError(f"{file} is missing (named by the index in {directory}); "
                                     "copy or download the checkpoint directory again")
         if file.suffix == ".safetensors":
-            state.update(_read_safetensors(file))
+            try:
+                state.update(load_file(file))
+            except Exception as e:  # SafetensorError, OSError: cut short, damaged or foreign
+                raise PretrainedError(f"{file} is not a readable safetensors file "
+                                      f"({first_line(e)}); a truncated or half-copied file reads "
+                                      "like this: copy or download it again") from None
         else:  # weights_only: a pickle may hold tensors and plain containers, never code
             weights = load_tensors(file)
             if not isinstance(weights, dict) or not all(
@@ -277,17 +284,6 @@ def _read_weights(files: list[Path], directory: Path) -> dict[str, Tensor]:
                                       "download the checkpoint directory again")
             state.update(weights)
     return state
-
-
-def _read_safetensors(file: Path) -> dict[str, Tensor]:
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(file)
-    except Exception as e:  # SafetensorError, OSError: a cut-short, damaged or foreign file
-        raise PretrainedError(f"{file} is not a readable safetensors file ({first_line(e)}); a "
-                              "truncated or half-copied file reads like this: copy or download "
-                              "it again") from None
 
 
 def _hf_to_ours(hf_state: dict[str, Tensor], config: dict, where: Path) -> dict[str, Tensor]:

@@ -228,10 +228,6 @@ class LayerCache:
         self.cache, self.index = cache, index
 
     @property
-    def window(self) -> int | None:
-        return self.cache.window
-
-    @property
     def advanced(self) -> bool:
         """The cache already holds this forward's tokens (the model advanced it)."""
         return self.cache._writes_due > 0
