@@ -1,18 +1,13 @@
-"""Fast CPU decoding, whose speed is that of reading the weights: linear layers that each keep
-a copy of their weight in the layout one kernel reads fastest, chosen by rule
-(``minigpt.cpu.speed_up_decoding``), for inference only (the copy does not follow updates):
-
-* ``onednn``: oneDNN's blocked copy (``minigpt.cpu.onednn``), float32 or bfloat16: eager decoding;
-* ``plain``: ``F.linear`` on a copy in the weight dtype, where oneDNN has no bfloat16 (AVX2-only);
-* ``rowsum``: the (out, in) weight, whose one-row product, a multiply and a sum per weight row,
-  inductor compiles into one streaming pass inside a compiled decode step; several rows (a
-  prompt) multiply widened blocks of it as ``prompt_product`` says. Activations stay float32.
-
-A compiled step's one-query attention is written as products and sums too (SDPA's CPU kernel
-is a call out of the compiled program that splits its loops at every layer; eagerly SDPA is the
-faster): ``fuse_into_compiled_steps`` patches an attention instance from outside to take it
-inside a compiled step only. Shape letters: B batch, nh query heads, nkv key/value heads,
-L cached slots, hd head size, g query heads per key/value head.
+"""Linear layers for fast CPU decoding (``minigpt.cpu.speed_up_decoding``; inference only: the
+weight copy does not follow updates), each multiplying with a copy of its weight laid out for
+one of ``KERNELS``: ``onednn``, oneDNN's blocked copy (float32 or bfloat16; eager decoding);
+``plain``, ``F.linear`` on a copy in the weight dtype (AVX2-only CPUs have no oneDNN bfloat16);
+``rowsum``, the (out, in) weight, whose one-row product inductor fuses into one streaming pass
+inside a compiled decode step (a prompt's rows: ``prompt_product``). Activations stay float32.
+``fuse_into_compiled_steps`` writes an attention's one-query step as products and sums inside a
+compiled step only (SDPA's CPU kernel would split the compiled loops at every layer). Shape
+letters: B batch, nh query heads, nkv key/value heads, L cached slots, hd head size, g query
+heads per key/value head.
 """
 
 from __future__ import annotations
