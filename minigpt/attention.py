@@ -127,9 +127,7 @@ class MultiHeadAttention(nn.Module):
                 position_ids = self._positions(x, kv_cache, document_ids)
             q, k = self._rotate(q, k, position_ids)
         dropout_p = self.dropout if self.training else 0.0
-        cached = None
-        if kv_cache is not None:
-            cached = kv_cache.update(k, v, key_padding_mask, position_ids)
+        cached = None if kv_cache is None else kv_cache.update(k, v, key_padding_mask, position_ids)
         if cached is None:  # nothing cached before: the new tokens attend among themselves
             y = self._self_attention(q, k, v, key_padding_mask, dropout_p, document_ids)
         else:
@@ -209,8 +207,7 @@ class MultiHeadAttention(nn.Module):
             q, k = self._rotate(q, k, self._positions(x, None, None) if position_ids is None
                                 else position_ids)
         k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)  # (B, nh, T, hd)
-        T = q.shape[2]
-        positions = torch.arange(T, device=x.device)
+        positions = torch.arange(q.shape[2], device=x.device)
         mask = window_mask(positions, positions, self.current_window)  # (T, T)
         if key_padding_mask is not None:
             mask = mask & ~key_padding_mask[:, None, None, :]  # (B, 1, T, T)
