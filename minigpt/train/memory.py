@@ -299,10 +299,9 @@ def out_of_memory_message(loop, error: BaseException) -> str:
     plan, step = loop.plan, loop.progress.global_step + 1
     peak, where = peak_memory(loop.fabric.device)
     batch = plan.batch
-    fixes = []
-    smaller = smaller_batch_size(plan, loop.model.config.to_dict())
-    if smaller:
-        fixes.append(f"data.batch_size={smaller} data.tokens_per_step={batch.tokens_per_step}")
+    size = smaller_batch_size(plan, loop.model.config.to_dict())
+    smaller = f"data.batch_size={size} data.tokens_per_step={batch.tokens_per_step}" if size else ""
+    fixes = [smaller] if smaller else []
     if plan.activation_checkpointing != "blocks":
         fixes.append(CHECKPOINTING_SETTING)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -310,8 +309,7 @@ def out_of_memory_message(loop, error: BaseException) -> str:
         fixes.append(f"trainer=fsdp (shards the model over the {max(gpus, plan.world_size)} GPUs)")
     last = loop.checkpoints.directory / LAST
     resume = (f"resume from {last} with `python train.py ckpt_path={last} "
-              + (f"data.batch_size={smaller} data.tokens_per_step={batch.tokens_per_step}`"
-                 if smaller else "<the settings above>`")) if last.exists() else \
+              f"{smaller or '<the settings above>'}`") if last.exists() else \
         "no checkpoint was written yet: start again with the settings above"
     return (f"out of memory during training at step {step} ({first_line(error, 120)}); peak "
             f"{peak / GiB:.2f} GiB ({where}) with data.batch_size={batch.batch_size} "
