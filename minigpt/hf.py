@@ -199,8 +199,7 @@ def _config_from_hf(hf: dict, overrides: dict, where: Path) -> dict:
     if hf.get("activation_function", "gelu_new") not in _SUPPORTED_ACTIVATIONS:
         problems.append(f"activation_function={hf.get('activation_function')!r} "
                         f"(supported: {', '.join(_SUPPORTED_ACTIVATIONS)})")
-    n_embd = hf.get("n_embd")
-    if hf.get("n_inner") not in (None, 4 * (n_embd or 0)):
+    if hf.get("n_inner") not in (None, 4 * (hf.get("n_embd") or 0)):
         problems.append(f"n_inner={hf['n_inner']} (must be null or 4 * n_embd)")
     for key, required in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                           ("add_cross_attention", False), ("tie_word_embeddings", True)):
