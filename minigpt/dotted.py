@@ -46,29 +46,26 @@ class ExtensionPoint:
         raise ExtensionError(f"{key or self.key}={path!r} is not {self.kind} ({why}): {self.fix}")
 
     @contextlib.contextmanager
-    def first_use(self, path: str, doing: str, key: str | None = None,
-                  fix: str | None = None) -> Iterator[None]:
+    def first_use(self, path: str, doing: str, fix: str | None = None) -> Iterator[None]:
         """Run user code inside: an exception it raises (not a ``UserError``, which is one
         line already) becomes one line naming the key, ``doing`` (``"when called with ..."``),
         the error, the file and line that raised it, and ``fix`` (default: fix the code there,
         or name another object)."""
-        key = key or self.key
         try:
             yield
         except UserError:
             raise
         except Exception as e:
-            fix = fix or f"fix that code, or set {key} to {self.kind} that works"
+            fix = fix or f"fix that code, or set {self.key} to {self.kind} that works"
             frames = traceback.extract_tb(e.__traceback__)  # the innermost one raised it
             where = f"raised at {frames[-1].filename}:{frames[-1].lineno}" if frames else "raised"
-            raise ExtensionError(f"{key}={path} failed {doing}: {first_line(e)} ({where}): "
+            raise ExtensionError(f"{self.key}={path} failed {doing}: {first_line(e)} ({where}): "
                                  f"{fix}") from None
 
-    def returned(self, path: str, result: object, wanted: str, fits: bool,
-                 key: str | None = None) -> None:
+    def returned(self, path: str, result: object, wanted: str, fits: bool) -> None:
         """One line unless ``fits``: ``result`` is not the ``wanted`` thing."""
         if not fits:
-            raise ExtensionError(f"{key or self.key}={path} returned {kind_of(result)}, not "
+            raise ExtensionError(f"{self.key}={path} returned {kind_of(result)}, not "
                                  f"{wanted}: {self.fix}")
 
 
