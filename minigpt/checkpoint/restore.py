@@ -109,8 +109,16 @@ def restore(fabric: Fabric, resume: ResumePoint, module, optimizers: dict, sched
 
 def _load_state(fabric: Fabric, path: Path, legacy: bool, module, optimizers: dict) -> dict:
     """``fabric.load`` of the model and optimizers (in place); the rest of the checkpoint."""
-    if legacy and not is_sharded_checkpoint(path):
-        return _restore_legacy_file(fabric, path, module, optimizers["optimizer"])
+    if legacy and not is_sharded_checkpoint(path):  # one file of Lightning's Trainer: weights
+        # under state_dict, the optimizer state in a one-item list (fabric.load does not look in)
+        fsdp = torch.distributed.fsdp.FullyShardedDataParallel
+        if any(isinstance(m, fsdp) for m in module.modules()):
+            raise ConfigError(f"ckpt_path={path} was written by an older minigpt as one file; "
+                              "resume it without trainer=fsdp once (its next checkpoint is in "
+                              "today's format)")
+        rest = fabric.load(path, {LEGACY_KEYS["model"]: module}, strict=False, weights_only=True)
+        optimizers["optimizer"].load_state_dict(rest[LEGACY_KEYS["optimizer"]][0])
+        return rest
     if legacy:
         return fabric.load(path, {"model": module,
                                   LEGACY_KEYS["sharded_optimizer"]: optimizers["optimizer"]},
@@ -125,16 +133,3 @@ def _load_state(fabric: Fabric, path: Path, legacy: bool, module, optimizers: di
                           "with (its run directory's config.yaml; e.g. optim.muon_split_qkv, "
                           "optim.embedding_lr, optim.head_lr), or start a new run from its "
                           f"weights with model.init_from={path}") from None
-
-
-def _restore_legacy_file(fabric: Fabric, path: Path, module, optimizer) -> dict:
-    """A whole-file checkpoint of Lightning's Trainer: weights under ``state_dict``, the
-    optimizer state in a one-item list (which ``fabric.load`` does not look into)."""
-    fsdp = torch.distributed.fsdp.FullyShardedDataParallel
-    if any(isinstance(m, fsdp) for m in module.modules()):
-        raise ConfigError(f"ckpt_path={path} was written by an older minigpt as one file; resume "
-                          "it without trainer=fsdp once (its next checkpoint is in today's "
-                          "format)")
-    rest = fabric.load(path, {LEGACY_KEYS["model"]: module}, strict=False, weights_only=True)
-    optimizer.load_state_dict(rest[LEGACY_KEYS["optimizer"]][0])
-    return rest
