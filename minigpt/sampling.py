@@ -167,7 +167,8 @@ def generate(
     validate_sampling(temperature, top_k, top_p)
     B, T, pad_counts = _check_generate_inputs(model, idx, max_new_tokens, key_padding_mask,
                                               vocab_size, crop_to)
-    ctx = _window_limit(model)
+    # the most tokens a row's window holds; no limit for rope + sliding window (model.unbounded)
+    ctx = math.inf if getattr(model, "unbounded", False) else model.config.context_length
     _check_decoder(decoder, model, B, use_cache, min(ctx, T + max_new_tokens))
     keep = crop_to if crop_to is not None else max(1, model.config.context_length // 2)
     # Window start (a column of `out`) per row, as python ints: no device syncs in the loop.
@@ -184,19 +185,19 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        N = _decode(model, out, T, starts, keep, sample, eos_id=eos_id, use_cache=use_cache,
+        N = _decode(model, out, T, starts, ctx, keep, sample, eos_id=eos_id, use_cache=use_cache,
                     on_token=on_token, vocab_size=vocab_size, decoder=decoder)
         return out[:, :N]
     finally:
         model.train(was_training)
 
 
-def _decode(model, out: Tensor, T: int, starts: list[int], keep: int, sample, *, eos_id,
-            use_cache: bool, on_token, vocab_size, decoder) -> int:
-    """Fill ``out[:, T:]`` one sampled token per step; return the number of columns filled
-    (fewer than ``out``'s when every row has produced ``eos_id``)."""
+def _decode(model, out: Tensor, T: int, starts: list[int], ctx: float, keep: int, sample, *,
+            eos_id, use_cache: bool, on_token, vocab_size, decoder) -> int:
+    """Fill ``out[:, T:]`` one sampled token per step, cropping a row's window past ``ctx``
+    tokens to its last ``keep``; return the number of columns filled (fewer than ``out``'s when
+    every row has produced ``eos_id``)."""
     B, total = out.shape
-    ctx = _window_limit(model)
     finished = torch.zeros(B, dtype=torch.bool, device=out.device) if eos_id is not None else None
     cache = None
     if use_cache:
@@ -246,12 +247,6 @@ def _check_decoder(decoder, model, batch_size: int, use_cache: bool, tokens: flo
         raise ValueError(f"this decoder's cache holds {cache.capacity} tokens but this "
                          f"generation reaches {tokens} (prompt + max_new_tokens); build "
                          f"StaticDecoder(model, {batch_size}, capacity={tokens})")
-
-
-def _window_limit(model) -> float:
-    """The most tokens a row's window may hold: ``context_length``, or no limit (inf) for a
-    model that runs past it (rope + sliding window, see the module docstring)."""
-    return math.inf if getattr(model, "unbounded", False) else model.config.context_length
 
 
 def _forward_window(model, out: Tensor, N: int, starts: list[int], cache):
