@@ -193,7 +193,7 @@ class Loop:
                     values = {"train/loss": float(loss), "grad_norm": float(grad_norm)}
                 clock.step_done()
                 if logs:
-                    self.log({**values, **self.lrs, **clock.rates(step)}, step)
+                    self.fabric.log_dict({**values, **self.lrs, **clock.rates(step)}, step=step)
                     bar.set_postfix(loss=f"{values['train/loss']:.4f}", refresh=False)
                 bar.update(1)
                 if step % plan.val_every == 0 or step == plan.max_steps:
@@ -204,9 +204,6 @@ class Loop:
                 if self.progress.target is not None and self.settings.trainer.stop_at_target:
                     break
         return self.progress
-
-    def log(self, metrics: dict, step: int) -> None:
-        self.fabric.log_dict(metrics, step=step)
 
     # ---- validation, samples, checkpoints -------------------------------------------------------
     @torch.no_grad()
@@ -239,7 +236,7 @@ class Loop:
         metrics = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
         if self.bytes_per_token:
             metrics["val/bpb"] = loss / math.log(2) / self.bytes_per_token
-        self.log(metrics, step)
+        self.fabric.log_dict(metrics, step=step)
         if self.fabric.is_global_zero:
             bar.write(f"step {step}: val/loss {loss:.4f}")
         self.check_target(loss, step)
@@ -277,7 +274,7 @@ class Loop:
                 f"step {step}: the evaluation failed ({first_line(e)}); the "
                 f"checkpoint of step {step} is saved: resume with `python train.py "
                 f"ckpt_path={last} eval.every=0` (or fix eval.*)") from e
-        self.log(self.progress.eval_metrics, step)
+        self.fabric.log_dict(self.progress.eval_metrics, step=step)
 
     def check_target(self, loss: float, step: int) -> None:
         """At the first validation at or below ``trainer.target_val_loss``: what it took,
@@ -289,8 +286,8 @@ class Loop:
             "val_loss": target, "reached": loss, "steps": step,
             "tokens": step * self.plan.batch.tokens_per_step,
             "seconds": round(self.clock.elapsed, 1)}
-        self.log({f"target/{k}": float(v) for k, v in reached.items()
-                  if k in ("steps", "tokens", "seconds")}, step)
+        self.fabric.log_dict({f"target/{k}": float(v) for k, v in reached.items()
+                              if k in ("steps", "tokens", "seconds")}, step=step)
         self.fabric.print(f"target val/loss {target} reached at step {step}: "
                           f"{reached['tokens']:,} tokens, {reached['seconds']} s of training")
 
