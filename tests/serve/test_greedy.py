@@ -10,6 +10,9 @@ import httpx
 
 from generate import run as generate_run
 from minigpt.config import GenerateSchema
+from minigpt.serve.config import ServeSchema
+from minigpt.serve.engine import Engine
+from minigpt.serve.server import load_service, serve_in_thread
 
 PROMPTS = ["the cat", "1+1=", "hello there, how are", "a", "zebra crossing ", "42",
            "why?", "so it goes. and so"]
@@ -72,3 +75,19 @@ def test_a_stream_sends_the_tokens_of_an_interval_together(base_checkpoint, star
     texts = streamed_texts(together.url, PROMPTS[2], LENGTHS[2])
     assert "".join(texts) == expected
     assert len(texts) == 2 and len(texts[0]) == 1  # the first token, then the rest at the end
+
+
+def test_fixed_shape_steps_give_generate_py_text(base_checkpoint):
+    """The engine's fixed-shape steps (a GPU's CUDA graphs, run eagerly here) for batches of up
+    to 4 rows, eager steps above: 8 concurrent requests still get generate.py's greedy text."""
+    service = load_service(ServeSchema(ckpt_path=str(base_checkpoint), device="cpu",
+                                       dtype="float32", port=0))
+    service.engine = Engine(service.model, max_batch=8, graph_rows=4)
+    expected = [generate_py(base_checkpoint, p, n) for p, n in zip(PROMPTS, LENGTHS,
+                                                                     strict=True)]
+    with serve_in_thread(service) as server, ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda a: complete(server.url, *a),
+                                 zip(PROMPTS, LENGTHS, strict=True)))
+    assert [r["choices"][0]["text"] for r in together] == expected
+    fixed = service.engine.batch.fixed_steps
+    assert fixed.max_rows == 4 and fixed.length > 0  # the last rows stepped on fixed shapes
