@@ -356,15 +356,16 @@ class GPT(nn.Module):
         return c.window if self.unbounded else min(c.window, capacity)
 
     def new_kv_cache(self, batch_size: int, capacity: int | None = None, *, sliced: bool = True,
-                     device=None, dtype=None) -> KVCache:
+                     device=None, dtype=None, cache_class: type[KVCache] = KVCache) -> KVCache:
         """The KV cache of every block, holding up to ``kv_cache_capacity(capacity)`` tokens (a
         ring of ``window`` slots for a sliding-window model: its size never grows). ``sliced``:
-        see ``KVCache`` (False: fixed shapes, for a captured graph)."""
+        see ``KVCache`` (False: fixed shapes, for a captured graph); ``cache_class``: a
+        ``KVCache`` subclass to build (the server's ``BatchCache``)."""
         c = self.config
         weight = self.tok_emb.weight
-        return KVCache(batch_size, c.n_layer, c.kv_heads, self.kv_cache_capacity(capacity),
-                       c.n_embd // c.n_head, window=c.window, sliced=sliced,
-                       device=device or weight.device, dtype=dtype or weight.dtype)
+        return cache_class(batch_size, c.n_layer, c.kv_heads, self.kv_cache_capacity(capacity),
+                           c.n_embd // c.n_head, window=c.window, sliced=sliced,
+                           device=device or weight.device, dtype=dtype or weight.dtype)
 
     def kv_cache_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
         """Bytes the KV cache holds per cached token (keys and values of every layer)."""

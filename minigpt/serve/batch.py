@@ -54,7 +54,7 @@ class RunningBatch:
         """Append the rows of a ``prefill`` cache, owned by ``owners``."""
         self._take_back()
         if self.cache is None:
-            self.cache = BatchCache.of(self.model, 0, self.capacity)
+            self.cache = self.model.new_kv_cache(0, self.capacity, cache_class=BatchCache)
         self.cache.append_rows(cache)
         self.owners += owners
 
@@ -87,5 +87,5 @@ class RunningBatch:
     def _take_back(self) -> None:
         """The rows' cache from ``fixed_steps``' copy, where the last steps ran."""
         if self._in_fixed:
-            self.cache = self.fixed_steps.sliced_rows(len(self.owners))
+            self.cache = self.fixed_steps.cache.sliced_rows(len(self.owners))
             self._in_fixed = False

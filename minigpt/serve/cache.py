@@ -20,13 +20,6 @@ from minigpt.kv_cache import KVCache, LayerCache
 class BatchCache(KVCache):
     """A ``KVCache`` (sliced, no ring) whose rows join and leave between steps."""
 
-    @classmethod
-    def of(cls, model, rows: int, capacity: int, *, sliced: bool = True) -> BatchCache:
-        """An empty cache of ``rows`` rows for ``model``'s layers (``GPT.new_kv_cache``'s)."""
-        c, weight = model.config, model.tok_emb.weight
-        return cls(rows, c.n_layer, c.kv_heads, capacity, c.n_embd // c.n_head, sliced=sliced,
-                   device=weight.device, dtype=weight.dtype)
-
     def view(self, rows: int, slots: int) -> BatchCache:
         """This fixed-shape cache's first ``rows`` rows and ``slots`` slots, sharing its buffers
         (a write through either is seen by both): a step over fewer rows and tokens at the same
@@ -66,16 +59,9 @@ class BatchCache(KVCache):
         """A new sliced cache holding copies of this cache's first ``count`` rows and their
         tokens (``load`` undone)."""
         n = int(self.seen)  # steps through ``view``s advance it on the device only
-        other = BatchCache(count, self.num_layers, self.keys[0].shape[1], self.capacity,
-                        self.keys[0].shape[3], window=self.window, device=self.seen.device,
-                        dtype=self.keys[0].dtype)
-        for mine, theirs in zip(other.keys + other.values, self.keys + self.values, strict=True):
-            mine[:, :, :n] = theirs[:count, :, :n]
-        other.padding[:, :n] = self.padding[:count, :n]
-        other.next_position.copy_(self.next_position[:count])
-        other.slot_pos[:n] = self.slot_pos[:n]
-        other.seen.fill_(n)
-        other._length, other._padded = n, bool(other.padding[:, :n].any())
+        other = self.rows(torch.arange(count, device=self.seen.device))
+        other.sliced, other._length = True, n
+        other._padded = bool(other.padding[:, :n].any())
         return other
 
     def leading_padding(self) -> int:

@@ -8,8 +8,8 @@ pair of a row count in ``bucket_sizes(max_rows)`` and a slot count in multiples 
 ``GPT.forward`` over that view (``torch.cuda.CUDAGraph``, captured once at start-up). A step of B
 rows holding L tokens runs the smallest view with at least B rows and L + 1 slots: the spare
 rows decode padding nobody reads, and attention reads the slots in use, not the context.
-The rows enter with ``load`` (a copy of the running batch's sliced cache) and leave with
-``sliced_rows``, so rows join and leave on the eager cache, as before.
+The rows enter with ``load`` (a copy of the running batch's sliced cache) and go back with the
+cache's ``sliced_rows``, so rows join and leave on the eager cache, as before.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class FixedShapeSteps:
     def __init__(self, model, max_rows: int, capacity: int, *, capture: bool,
                  slot_bucket: int = SLOT_BUCKET):
         self.model, self.max_rows = model, max_rows
-        self.cache = BatchCache.of(model, max_rows, capacity, sliced=False)
+        self.cache = model.new_kv_cache(max_rows, capacity, sliced=False, cache_class=BatchCache)
         self.tokens = torch.zeros(max_rows, 1, dtype=torch.long, device=self.cache.seen.device)
         self.sizes = bucket_sizes(max_rows)
         self.slot_sizes = [*range(slot_bucket, capacity, slot_bucket), capacity]
@@ -51,18 +51,10 @@ class FixedShapeSteps:
         if capture:
             self._capture()
 
-    @property
-    def capacity(self) -> int:
-        return self.cache.capacity
-
     def load(self, cache) -> None:
         """Take the rows of the running batch's sliced ``cache`` (copied in)."""
         self.cache.load(cache)
         self.length = cache.length
-
-    def sliced_rows(self, count: int):
-        """The first ``count`` rows as a new sliced cache, for rows to join or leave."""
-        return self.cache.sliced_rows(count)
 
     def step(self, tokens: Tensor) -> Tensor:
         """Each of the B loaded rows reads its token (B, 1); the next token's logits (B, V),

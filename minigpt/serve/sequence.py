@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -62,9 +62,7 @@ def merge_events(events: list[Event]) -> list[Event]:
     for event in events:
         last = merged[-1] if merged else None
         if last is None or last.index != event.index or last.finish_reason is not None:
-            merged.append(Event(event.index, event.text, list(event.logprobs),
-                                event.finish_reason, event.prompt_tokens,
-                                event.completion_tokens))
+            merged.append(replace(event, logprobs=list(event.logprobs)))  # the engine's unchanged
             continue
         last.text += event.text
         last.logprobs += event.logprobs
