@@ -7,31 +7,34 @@ Hooks: ``Fabric(callbacks=[...])`` objects may define ``on_train_batch_start(loo
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
+from pathlib import Path
 
 import torch
 from lightning.fabric import Fabric
+from lightning.fabric.utilities import rank_zero_warn
 from lightning.fabric.utilities.throughput import Throughput
 from torch import nn
 from tqdm import tqdm
 
 from minigpt.checkpoint.format import BEST, LAST
-from minigpt.checkpoint.rng import set_rng_state
-from minigpt.checkpoint.write import CheckpointFiles, training_state
-from minigpt.config import TrainSchema
+from minigpt.checkpoint.write import CheckpointFiles, set_rng_state, training_state
+from minigpt.config import SampleSchema, TrainSchema
 from minigpt.cpu.blocks import compile_training_forward, is_compiled_for_training
 from minigpt.data import TokenDataModule
 from minigpt.errors import UserError, first_line
 from minigpt.eval.training import tasks_in_training
+from minigpt.files import atomic_write
 from minigpt.model import GPT, IGNORE_INDEX
+from minigpt.sampling import generate
 from minigpt.train.device import peak_flops
 from minigpt.train.interrupt import StopRequest
 from minigpt.train.plan import RunPlan
-from minigpt.train.sample import Sampler, gathered_parameters
 from minigpt.window import follow_window_schedule
 
 
@@ -316,6 +319,67 @@ class Loop:
         self.fabric.print(f"{name}: saved {path} at step {step}; resume with "
                           f"`python train.py ckpt_path={path}`")
         raise SystemExit(self.stop.exit_code)
+
+
+@contextlib.contextmanager
+def gathered_parameters(wrapped: nn.Module | None, recurse: bool = False):
+    """Full parameters of an FSDP-wrapped model inside this context (a collective: every rank
+    enters it), for calls outside the wrapped forward; anything else as it is. ``recurse=False``
+    gathers the root unit's only (each Block unit gathers its own in its forward)."""
+    if wrapped is not None and torch.distributed.is_available():  # builds without it exist
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        root = next((m for m in wrapped.modules() if isinstance(m, FullyShardedDataParallel)), None)
+        if root is not None:
+            with FullyShardedDataParallel.summon_full_params(root, writeback=False,
+                                                             recurse=recurse):
+                yield
+            return
+    yield
+
+
+class Sampler:
+    """Generates from ``sample.prompt`` with its own seeded generator (the training RNG streams
+    are untouched), on every rank (sharded models need all ranks in the forward pass)."""
+
+    def __init__(self, tokenizer, path: str | Path, sample_cfg: SampleSchema, seed: int):
+        self.tokenizer, self.path, self.cfg, self.seed = tokenizer, Path(path), sample_cfg, seed
+        self.rows: list[list] = []  # (step, text) so far, for the loggers' tables
+        self.failed = False
+
+    def sample(self, model, device: torch.device, autocast,
+               wrapped: nn.Module | None) -> str | None:
+        """The sample text, or None when samples are off (``sample.max_new_tokens=0``) or failed
+        before (a sample is a nicety: it never stops training)."""
+        if self.failed or self.cfg.max_new_tokens <= 0:
+            return None
+        was_training = model.training
+        model.eval()
+        try:
+            generator = torch.Generator(device=device).manual_seed(self.seed)
+            prompt = self.cfg.prompt
+            ids = (self.tokenizer.encode(prompt) if prompt else []) or [self.tokenizer.eot_id]
+            idx = torch.tensor([ids[-model.config.context_length:]], device=device)  # (1, T)
+            with gathered_parameters(wrapped), autocast:
+                out = generate(model, idx, self.cfg.max_new_tokens,
+                               temperature=self.cfg.temperature, top_k=self.cfg.top_k,
+                               generator=generator, vocab_size=self.tokenizer.vocab_size)
+            return self.tokenizer.decode(out[0].tolist())
+        except Exception as e:
+            self.failed = True
+            rank_zero_warn(f"sampling failed, samples are off for this run: "
+                           f"{type(e).__name__}: {e}")
+            return None
+        finally:
+            model.train(was_training)
+
+    def record(self, step: int, text: str) -> None:
+        """Append to ``samples.txt`` (rank 0 calls this), rewritten whole through
+        ``atomic_write``: a full disk is one line and keeps the samples so far."""
+        earlier = self.path.read_bytes() if self.path.exists() else b""
+        added = f"--- step {step} ---\n{text}\n".encode()
+        atomic_write(self.path, lambda tmp: tmp.write_bytes(earlier + added))
+        self.rows.append([step, text])
 
 
 class TrainingClock:

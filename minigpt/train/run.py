@@ -40,13 +40,12 @@ from minigpt.train.activation_checkpointing import apply_activation_checkpointin
 from minigpt.train.config import check_config
 from minigpt.train.device import build_fabric
 from minigpt.train.loggers import build_loggers
-from minigpt.train.loop import Loop, ModelWithLoss, Progress
+from minigpt.train.loop import Loop, ModelWithLoss, Progress, Sampler, gathered_parameters
 from minigpt.train.memory import VOCAB_BEFORE_DATA, check_run_fits, out_of_memory_as_resource_error
 from minigpt.train.model_init import init_model, padded_vocab_size
 from minigpt.train.optim import build_optimizers, check_optimizers_run, schedule_for
 from minigpt.train.plan import RunPlan, batch_record, choose_batch, keep_global_batch, resolve_plan
 from minigpt.train.run_dir import hold_run_dir, remove_unstarted
-from minigpt.train.sample import Sampler, gathered_parameters
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from minigpt.model import GPT, Block, GPTConfig
 from minigpt.sampling import generate
+from minigpt.train.loop import gathered_parameters
 from minigpt.train.optim import param_groups
-from minigpt.train.sample import gathered_parameters
 
 
 class Root(nn.Module):
