@@ -2,6 +2,7 @@
 not at all: ``best.ckpt`` and ``last.ckpt`` (a link to ``best`` when a validation improves),
 each written under a hidden temporary name and renamed into place; a failed write removes its
 temporary file, keeps the previous checkpoints and raises one ``CheckpointWriteError`` line.
+The RNG states go in too, so a resumed run draws what the uninterrupted one would have.
 """
 
 from __future__ import annotations
@@ -9,15 +10,16 @@ from __future__ import annotations
 import errno
 import gc
 import os
+import random
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from minigpt.checkpoint.format import BEST, LAST, METADATA_KEY, checkpoint_metadata
-from minigpt.checkpoint.rng import rng_state
 from minigpt.errors import UserError
 from minigpt.files import disk_full_error, out_of_space
 
@@ -59,6 +61,39 @@ def _gather(obj) -> list:
         torch.distributed.all_gather_object(gathered, obj)
         return gathered
     return [obj]
+
+
+def rng_state() -> dict:
+    """Python's, NumPy's, torch's and (each process its own) the current CUDA device's RNG
+    state, as weights_only-safe types (tensors, ints, tuples)."""
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (np_name, torch.from_numpy(np_keys.astype(np.int64)), np_pos, np_has_gauss,
+                  np_gauss),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device's
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what ``rng_state`` returned (after a round trip through ``torch.load``)."""
+    random.setstate(tuple(v if not isinstance(v, list) else tuple(v) for v in state["python"]))
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = state["numpy"]
+    np.random.set_state((np_name, np_keys.numpy().astype(np.uint32), np_pos, np_has_gauss,
+                         np_gauss))
+    torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
+    if cuda is None or not torch.cuda.is_available():
+        return
+    if isinstance(cuda, (list, tuple)):  # older checkpoints: one state per visible GPU, by index
+        device = torch.cuda.current_device()
+        if device >= len(cuda):
+            return
+        cuda = cuda[device]
+    torch.cuda.set_rng_state(cuda)
 
 
 class CheckpointFiles:

@@ -1,16 +1,17 @@
-"""minigpt.checkpoint.rng: the RNG state of this process's device only, restorable on any layout."""
+"""The RNG states in checkpoints (minigpt.checkpoint.write): this process's device only,
+restorable on any layout."""
 
 import random
 
 import torch
 
-from minigpt.checkpoint import rng
+from minigpt.checkpoint.write import rng_state, set_rng_state
 
 
 def test_round_trip_restores_python_numpy_and_torch():
-    state = rng.rng_state()
+    state = rng_state()
     draws = (random.random(), torch.rand(3))
-    rng.set_rng_state(state)
+    set_rng_state(state)
     assert random.random() == draws[0] and torch.equal(torch.rand(3), draws[1])
 
 
@@ -22,13 +23,13 @@ def test_cuda_state_of_the_current_device_only(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: torch.tensor([7], dtype=torch.uint8))
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s: restored.append(int(s[0])))
-    state = rng.rng_state()
+    state = rng_state()
     assert int(state["cuda"][0]) == 7  # a tensor, not a list over every GPU
-    rng.set_rng_state(state)
+    set_rng_state(state)
     old = {**state, "cuda": [torch.tensor([1], dtype=torch.uint8),
                              torch.tensor([2], dtype=torch.uint8)]}
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    rng.set_rng_state(old)
+    set_rng_state(old)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)  # only 2 states were saved
-    rng.set_rng_state(old)
+    set_rng_state(old)
     assert restored == [7, 2]
