@@ -25,8 +25,8 @@ from minigpt.data import (
 )
 from minigpt.data import prepare as prep
 from minigpt.data.datamodule import val_window_starts, window_starts
+from minigpt.data.prepare import split_long
 from minigpt.data.shakespeare import play_to_text, read_plays
-from minigpt.data.tokenize import split_long
 from minigpt.data.tokens import dtype_for
 from minigpt.tokenizer import CharTokenizer, TokenizerUnavailableError, get_tokenizer
 
