@@ -15,8 +15,8 @@ import torch
 from minigpt.config import OptimSchema
 from minigpt.data.config import DataConfig, DataError
 from minigpt.dotted import EXTENSION_POINTS, ExtensionError
-from minigpt.eval.registry import task_class
 from minigpt.eval.task import Task
+from minigpt.eval.training import task_class
 from minigpt.model import GPT, GPTConfig
 from minigpt.train.optim import main_optimizer
 

@@ -124,7 +124,7 @@ GENERATE_RULES: dict[str, Rule] = {
     "decoder": OneOf(("auto", "eager", "compiled")),
     "chat_template": OneOf(("default",)),
 }
-EVAL_COMMAND_RULES: dict[str, Rule] = {  # task: minigpt.eval.registry.TASK_RULE
+EVAL_COMMAND_RULES: dict[str, Rule] = {  # task: minigpt.eval.training.TASK_RULE
     "dtype": OneOf(DTYPES),
     "batch_size": AT_LEAST_1, "max_gen_toks": AT_LEAST_1, "limit": AT_LEAST_1,
     "num_fewshot": AT_LEAST_0, "chat_template": OneOf(("default",)),

@@ -13,10 +13,9 @@ from minigpt.eval.hellaswag import (
     read_items,
     score_items,
 )
-from minigpt.eval.registry import TASKS, task_class
 from minigpt.eval.scoring import Score, fit_row, score_groups, score_pairs, score_rows
 from minigpt.eval.task import Task, evaluate
-from minigpt.eval.training import tasks_in_training, training_items
+from minigpt.eval.training import TASKS, task_class, tasks_in_training, training_items
 
 __all__ = ["TASKS", "HellaSwag", "HellaSwagError", "Item", "Result", "Score", "Task", "evaluate",
            "fit_row", "load_items", "read_items", "score_groups", "score_items", "score_pairs",

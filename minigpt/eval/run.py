@@ -15,14 +15,14 @@ from minigpt.chat.cli import chat_template_of
 from minigpt.config import EvalCommandSchema, settings_problems, typed
 from minigpt.devices import check_device
 from minigpt.errors import UserError
-from minigpt.eval.registry import TASK_RULE, task_class
 from minigpt.eval.task import evaluate
+from minigpt.eval.training import TASK_RULE, task_class
 from minigpt.files import atomic_write
 from minigpt.paths import check_paths
 
 
 def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
-    """Score the model ``cfg`` names on ``cfg.task`` (a registry task, or ``harness``); print
+    """Score the model ``cfg`` names on ``cfg.task`` (one of ``TASKS``, or ``harness``); print
     the table to ``out`` (stdout), write ``cfg.out``; return what was written."""
     out = out or sys.stdout
     cfg = typed(cfg, EvalCommandSchema)
