@@ -140,7 +140,8 @@ class GPTConfig:
     document_mask: bool = False  # train on packed rows of documents, each attended alone
 
     def __post_init__(self):
-        problems = self.problems()
+        # each field against its type and GPT_CONFIG_RULES, then the rules across fields
+        problems = field_problems(self, GPT_CONFIG_RULES) + self.spanning_problems()
         if problems:
             raise ValueError("GPTConfig: " + "; ".join(problems))
 
@@ -185,11 +186,6 @@ class GPTConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    def problems(self) -> list[str]:
-        """Every bad value, one phrase each: each field against its type and
-        ``GPT_CONFIG_RULES``, then the rules that span fields."""
-        return field_problems(self, GPT_CONFIG_RULES) + self.spanning_problems()
 
     def spanning_problems(self) -> list[str]:
         """The rules across fields (each once the sizes it needs are valid)."""

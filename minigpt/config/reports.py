@@ -14,7 +14,7 @@ import sys
 import typing
 from typing import Any
 
-from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
+from minigpt.errors import UserError, one_line_errors
 
 # Names other trainers use (nanoGPT's, Hugging Face's) -> ours, for "did you mean".
 ALIASES = {"learning_rate": "lr", "lr_min": "min_lr", "min_learning_rate": "min_lr",
@@ -171,17 +171,15 @@ def config_errors(schema: type):
     ``+`` on the command line that the schema lacks, before Hydra composes (or makes a run
     directory). Hydra raises (rather than prints) only with ``HYDRA_FULL_ERROR=1``, which this
     sets for the process."""
-    unknown = added_unknown_keys(sys.argv[1:], schema)
-    if unknown:
-        print("error: " + "; ".join(_unknown_key(key, schema) for key in unknown),
-              file=sys.stderr, flush=True)
-        raise SystemExit(USER_ERROR_EXIT_CODE)
-    os.environ["HYDRA_FULL_ERROR"] = "1"
-    try:
-        yield
-    except Exception as e:
-        message = describe_config_error(e, schema)
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr, flush=True)
-        raise SystemExit(USER_ERROR_EXIT_CODE) from None
+    with one_line_errors():
+        unknown = added_unknown_keys(sys.argv[1:], schema)
+        if unknown:
+            raise ConfigKeyError("; ".join(_unknown_key(key, schema) for key in unknown))
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+        try:
+            yield
+        except Exception as e:
+            message = describe_config_error(e, schema)
+            if message is None:
+                raise
+            raise UserError(message) from None
