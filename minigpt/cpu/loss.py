@@ -126,21 +126,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_h, grad_w, None, None, None, None
 
 
-class ChunkedNextTokenLoss(nn.Module):
+class ChunkedNextTokenLoss(NextTokenLoss):
     """``minigpt.model.NextTokenLoss`` through ``linear_cross_entropy``: the same value and
     gradients, without the (B, T, V) logits. A bias on the head (GPT-2 has none) or fp16 autocast
     (whose loss scale arrives too late for these fp16 gradient terms) take the plain path."""
-
-    def __init__(self, logit_softcap: float | None = None):
-        super().__init__()
-        self.logit_softcap = logit_softcap
 
     def forward(self, hidden: Tensor, head: nn.Linear, targets: Tensor,
                 ignore_index: int = -100) -> Tensor:
         fp16 = torch.is_autocast_enabled(hidden.device.type) and \
             torch.get_autocast_dtype(hidden.device.type) == torch.float16
         if head.bias is not None or fp16:
-            return NextTokenLoss(self.logit_softcap)(hidden, head, targets, ignore_index)
+            return super().forward(hidden, head, targets, ignore_index)
         return linear_cross_entropy(hidden.flatten(0, 1), head.weight, targets.flatten(),
                                     ignore_index=ignore_index, softcap=self.logit_softcap)
 
