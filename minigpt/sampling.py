@@ -57,8 +57,7 @@ def apply_temperature(logits: Tensor, temperature: float) -> Tensor:
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
     """Keep the ``k`` largest logits of each row (and any tied with the k-th); the rest -> -inf."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"top_k={k!r} must be an integer >= 1")
+    validate_sampling(1.0, k, None)
     if k >= logits.shape[-1]:
         return logits
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (B, 1)
@@ -69,8 +68,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     """Nucleus filter: keep the smallest set of most likely tokens whose probability reaches
     ``p`` (a token is dropped when the tokens ranked above it already reach ``p``; the most
     likely token is always kept); the rest -> -inf."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-        raise ValueError(f"top_p={p!r} must be in (0, 1]")
+    validate_sampling(1.0, None, p)
     if p == 1:
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)

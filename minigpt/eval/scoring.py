@@ -11,11 +11,13 @@ Shape letters: R rows in a batch, G groups, T tokens, M scored tokens, C = n_emb
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 HEAD_CHUNK = 4096  # scored positions per LM-head call: bounds the (M, V) float32 logits
 
@@ -172,12 +174,8 @@ def _score_group_batch(model, groups, device) -> list[list[Score]]:
     last, cache, lengths = _run_contexts(model, [context for context, _ in groups], Te - 1,
                                           device)
     rows = [(g, c) for g, (_, continuations) in enumerate(groups) for c in continuations]
-    flat = _run_continuations(model, last, cache, lengths, rows, device)
-    out, at = [], 0
-    for _, continuations in groups:
-        out.append(flat[at:at + len(continuations)])
-        at += len(continuations)
-    return out
+    flat = iter(_run_continuations(model, last, cache, lengths, rows, device))
+    return [list(itertools.islice(flat, len(continuations))) for _, continuations in groups]
 
 
 def _run_contexts(model, contexts, room: int, device):
@@ -201,20 +199,18 @@ def _run_contexts(model, contexts, room: int, device):
 def _run_continuations(model, last, cache, lengths, rows, device) -> list[Score]:
     """Score ``rows`` of ``(group, continuation)``: each continuation's tokens but the last run
     after a copy of its group's cache, right-padded (the first token is predicted by ``last``)."""
-    R, Te = len(rows), max(len(c) for _, c in rows)
+    Te = max(len(c) for _, c in rows)
     group = torch.tensor([g for g, _ in rows])  # (R,)
     hidden = last[group.to(device)][:, None]  # (R, 1, C) predicts each first token
     if Te > 1:
         copies = cache.rows(group.to(device))  # (R, ...) each row's context, continued its own way
-        ends = torch.zeros(R, Te - 1, dtype=torch.long)  # (R, Te - 1) right-padded
-        for r, (_, c) in enumerate(rows):
-            ends[r, :len(c) - 1] = torch.tensor(list(c[:-1]))
+        ends = pad_sequence([torch.tensor(list(c[:-1]), dtype=torch.long) for _, c in rows],
+                            batch_first=True)  # (R, Te - 1) right-padded
         positions = lengths[group][:, None] + torch.arange(Te - 1)[None, :]  # (R, Te - 1)
         hidden = torch.cat([hidden, model.hidden_states(ends.to(device), None,
                                                         positions.to(device), copies)], dim=1)
-    targets = torch.full((R, Te), -1, dtype=torch.long)  # (R, Te) -1 = padding
-    for r, (_, c) in enumerate(rows):
-        targets[r, :len(c)] = torch.tensor(list(c))
+    targets = pad_sequence([torch.tensor(list(c)) for _, c in rows], batch_first=True,
+                           padding_value=-1)  # (R, Te) -1 = padding
     return _scores_at(model, hidden, targets.to(device), [len(c) for _, c in rows])
 
 
