@@ -2,12 +2,13 @@
 
 A request joins between steps: its prompt is read in its own forward pass (prompts that arrive
 together as one left-padded batch, each row at its own positions, as ``generate`` reads several)
-and the rows of that prefill cache are appended to the running cache (``BatchCache``), their
-tokens ending where the running rows' do. A request leaves by dropping its row. Every step feeds
-each row its last token through ``GPT.forward`` with the cache: the one decode path, each row at
-its own position, padding never attended to, so a row's tokens do not depend on the others (up
-to the rounding of a larger matrix product). With ``FixedShapeSteps`` (``minigpt.serve.graphs``)
-the steps between two changes of the rows run on its fixed-shape copy (CUDA graphs on a GPU).
+and the rows of that prefill cache are copied into the running cache's next rows (``BatchCache``),
+their tokens ending where the running rows' do. A request leaves by dropping its row. Every step
+feeds each row its last token through ``GPT.forward`` with the cache: the one decode path, each
+row at its own position, padding never attended to, so a row's tokens do not depend on the others
+(up to the rounding of a larger matrix product). With ``FixedShapeSteps``
+(``minigpt.serve.graphs``) the steps between two changes of the rows run on its fixed-shape copy
+(CUDA graphs on a GPU).
 
 Shape letters: B rows, T prompt tokens, V vocabulary.
 """
@@ -22,13 +23,13 @@ from minigpt.serve.cache import BatchCache
 
 
 class RunningBatch:
-    """The KV cache of the running rows of ``model`` (``capacity`` tokens each) and, per row,
-    its owner (any object; ``owners``)."""
+    """The KV cache of up to ``max_rows`` running rows of ``model`` (``capacity`` tokens each)
+    and, per row, its owner (any object; ``owners``)."""
 
-    def __init__(self, model, capacity: int, fixed_steps=None):
+    def __init__(self, model, capacity: int, max_rows: int, fixed_steps=None):
         self.model, self.capacity, self.fixed_steps = model, capacity, fixed_steps
         self.owners: list = []
-        self.cache = None
+        self.cache = model.new_kv_cache(max_rows, capacity, cache_class=BatchCache)
         self._in_fixed = False  # the rows live in ``fixed_steps``' copy (``cache`` is stale)
 
     def __len__(self) -> int:
@@ -53,8 +54,6 @@ class RunningBatch:
     def join(self, cache, owners: list) -> None:
         """Append the rows of a ``prefill`` cache, owned by ``owners``."""
         self._take_back()
-        if self.cache is None:
-            self.cache = self.model.new_kv_cache(0, self.capacity, cache_class=BatchCache)
         self.cache.append_rows(cache)
         self.owners += owners
 
@@ -62,12 +61,8 @@ class RunningBatch:
         """Keep only ``rows`` (indices, in order); the others leave the batch."""
         if len(rows) == len(self.owners):
             return
-        if not rows:
-            self.cache, self.owners, self._in_fixed = None, [], False
-            return
         self._take_back()
-        index = torch.tensor(rows, device=self.cache.seen.device)
-        self.cache = self.cache.rows(index)
+        self.cache.keep_rows(rows)
         self.owners = [self.owners[r] for r in rows]
 
     def step(self, tokens: Tensor) -> Tensor:
@@ -87,5 +82,5 @@ class RunningBatch:
     def _take_back(self) -> None:
         """The rows' cache from ``fixed_steps``' copy, where the last steps ran."""
         if self._in_fixed:
-            self.cache = self.fixed_steps.cache.sliced_rows(len(self.owners))
+            self.cache.load(self.fixed_steps.cache, len(self.owners))
             self._in_fixed = False

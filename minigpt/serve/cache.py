@@ -1,11 +1,13 @@
 """The KV cache of a serving batch: ``minigpt.kv_cache.KVCache`` with rows that join and leave.
 
-The rows' streams end together: a row that joins (``append_rows``, the rows of a prefill cache)
-has the slots before its tokens as padding; the slots every row has as padding are dropped when
-rows join and shifted out when the stream reaches the capacity (``drop_leading_padding``), so
-positions never change. A fixed-shape cache (``sliced=False``) takes the rows of a sliced one in
-place (``load``, for captured graphs: ``minigpt.serve.graphs``), gives them back
-(``sliced_rows``) and lends ``view``s of its first rows and slots.
+The cache is allocated once for the most rows it will hold; the rows in use are views of its
+first rows, so rows join (``append_rows``, the rows of a prefill cache) and leave (``keep_rows``)
+by copying their cached tokens within the buffers, never the whole capacity. The rows' streams
+end together: a row that joins has the slots before its tokens as padding; the slots every row has
+as padding are dropped when rows join and when the stream reaches the capacity
+(``drop_leading_padding``), so positions never change. A fixed-shape cache (``sliced=False``, for
+captured graphs: ``minigpt.serve.graphs``) takes rows in place too (``load``) and lends
+``view``s of its first rows and slots.
 """
 
 from __future__ import annotations
@@ -18,7 +20,27 @@ from minigpt.kv_cache import KVCache, LayerCache
 
 
 class BatchCache(KVCache):
-    """A ``KVCache`` (sliced, no ring) whose rows join and leave between steps."""
+    """A ``KVCache`` (no ring) of at most ``batch_size`` rows, whose rows join and leave between
+    steps; a sliced one starts with no rows in use."""
+
+    def __init__(self, batch_size: int, *args, **kwargs):
+        super().__init__(batch_size, *args, **kwargs)
+        self._buffers = (self.keys, self.values, self.padding, self.visible, self.next_position)
+        if self.sliced:
+            self._use_rows(0)
+
+    @property
+    def max_rows(self) -> int:
+        return len(self._buffers[2])
+
+    def _use_rows(self, count: int) -> None:
+        """Make the first ``count`` rows of the buffers the rows in use (views)."""
+        if count > self.max_rows:
+            raise ValueError(f"a serving cache of {self.max_rows} rows cannot hold {count}")
+        keys, values, padding, visible, next_position = self._buffers
+        self.keys, self.values = [k[:count] for k in keys], [v[:count] for v in values]
+        self.padding, self.visible = padding[:count], visible[:count]
+        self.next_position = next_position[:count]
 
     def view(self, rows: int, slots: int) -> BatchCache:
         """This fixed-shape cache's first ``rows`` rows and ``slots`` slots, sharing its buffers
@@ -35,34 +57,38 @@ class BatchCache(KVCache):
         other.layers = [LayerCache(other, i) for i in range(len(self.keys))]
         return other
 
-    def load(self, other: KVCache) -> None:
-        """Copy the rows and tokens of ``other`` (a sliced, non-ring cache with at most this
-        one's rows and capacity) into this fixed-shape cache's first rows, in place: its
-        buffers keep their addresses (a captured graph's). The rows after them hold padding."""
-        n, B = other.length, len(other.padding)
-        if self.sliced or other.ring or n > self.capacity or B > len(self.padding):
-            raise ValueError(f"a fixed-shape cache of {len(self.padding)} rows x "
-                             f"{self.capacity} slots cannot load {B} rows of {n} tokens")
+    def load(self, other: BatchCache, rows: int) -> None:
+        """Copy the first ``rows`` rows of ``other`` (a ``BatchCache``, sliced or fixed-shape,
+        with at most this one's rows and capacity) and their tokens into this cache's first
+        rows, in place (a captured graph's buffers keep their addresses). A fixed-shape cache's
+        rows after them hold padding; a sliced one uses ``rows`` rows."""
+        n = int(other.seen)  # fixed-shape steps advance it on the device only
+        if self.ring or other.ring or n > self.capacity or rows > self.max_rows:
+            raise ValueError(f"a cache of {self.max_rows} rows x {self.capacity} slots cannot "
+                             f"load {rows} rows of {n} tokens")
+        if self.sliced:
+            self._use_rows(rows)
         for mine, theirs in zip(self.keys + self.values, other.keys + other.values, strict=True):
-            mine[:B, :, :n].copy_(theirs[:, :, :n])
-        self.padding[:B, :n].copy_(other.padding[:, :n])
-        self.padding[:B, n:] = False
-        self.padding[B:] = True  # spare rows attend only to the tokens they are fed
-        self.next_position[:B].copy_(other.next_position)
-        self.next_position[B:] = 0
-        self.slot_pos.fill_(-1)
-        self.slot_pos[:n].copy_(other.slot_pos[:n])
-        self.seen.fill_(n)
-        self._length, self._padded = n, True
+            mine[:rows, :, :n].copy_(theirs[:rows, :, :n])
+        self.padding[:rows, :n].copy_(other.padding[:rows, :n])
+        self.padding[:rows, n:] = False
+        self.padding[rows:] = True  # spare rows attend only to the tokens they are fed
+        self.next_position[:rows].copy_(other.next_position[:rows])
+        self.next_position[rows:] = 0
+        self._restart_stream(n)
 
-    def sliced_rows(self, count: int) -> BatchCache:
-        """A new sliced cache holding copies of this cache's first ``count`` rows and their
-        tokens (``load`` undone)."""
-        n = int(self.seen)  # steps through ``view``s advance it on the device only
-        other = self.rows(torch.arange(count, device=self.seen.device))
-        other.sliced, other._length = True, n
-        other._padded = bool(other.padding[:, :n].any())
-        return other
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (indices of the rows in use, in order), moved to the front."""
+        if rows == list(range(len(rows))):  # the first rows: nothing moves
+            self._use_rows(len(rows))
+            return
+        index, n = torch.tensor(rows, device=self.seen.device), self.length
+        for buffer in self.keys + self.values:
+            buffer[:len(rows), :, :n] = buffer[index, :, :n]
+        self.padding[:len(rows)] = self.padding[index]
+        self.next_position[:len(rows)] = self.next_position[index]
+        self._use_rows(len(rows))
+        self._padded = bool(self.padding[:, :n].any())
 
     def leading_padding(self) -> int:
         """Slots at the start of the stream that are padding in every row."""
@@ -73,54 +99,52 @@ class BatchCache(KVCache):
 
     def drop_leading_padding(self) -> None:
         """Move every row's cached tokens back by the slots that are padding in every row
-        (``leading_padding``), as a batch that rows join and leave (``minigpt.serve``) makes room
-        at the end of its stream; positions are unchanged, so every row decodes as before. Only
-        for a sliced, non-ring cache."""
-        offset = self.leading_padding()
-        if offset == 0:
+        (``leading_padding``), as a batch that rows join and leave makes room at the end of its
+        stream; positions are unchanged, so every row decodes as before. Sliced caches only."""
+        lead = self.leading_padding()
+        if lead > 0:
+            self._move_tokens(lead, 0, self.length - lead)
+            self._restart_stream(self.length - lead)
+
+    def append_rows(self, other: KVCache) -> None:
+        """Add ``other``'s rows (a prefill of new prompts, each at its own positions) after the
+        rows in use: the padding every row in use has first is dropped, and all rows' tokens
+        end together, at the longer of the two streams (the slots before a row's tokens are its
+        padding)."""
+        lead = self.leading_padding()
+        kept, n = self.length - lead, other.length  # slots of tokens in each
+        length, B, R = max(kept, n), len(self.padding), len(other.padding)
+        if self.ring or other.ring or not self.sliced or length > self.capacity or B + R > self.max_rows:
+            raise ValueError(f"a sliced cache of {self.max_rows} rows x {self.capacity} slots "
+                             f"cannot take {R} rows of {n} tokens beside {B} rows of {kept}")
+        self._move_tokens(lead, length - kept, kept)
+        self._use_rows(B + R)
+        start = length - n  # the new rows' first token
+        for mine, theirs in zip(self.keys + self.values, other.keys + other.values, strict=True):
+            mine[B:, :, :start] = 0  # padding: zeros, not stale values (a NaN poisons a softmax)
+            mine[B:, :, start:length] = theirs[:, :, :n]
+        self.padding[B:, :start] = True
+        self.padding[B:, start:length] = other.padding[:, :n]
+        self.padding[B:, length:] = False
+        self.next_position[B:] = other.next_position
+        self._restart_stream(length)
+
+    def _move_tokens(self, start: int, to: int, count: int) -> None:
+        """Move slots ``start .. start + count`` of the rows in use to ``to .. to + count``; the
+        slots before them become padding, those after them empty."""
+        if start == to:
             return
-        if self.ring or not self.sliced:
-            raise ValueError("only a sliced, non-ring KV cache drops its leading padding")
-        for buffers in (self.keys, self.values):
-            for i, buffer in enumerate(buffers):
-                buffers[i] = buffer.roll(-offset, dims=2)
-        length = self.length - offset
-        self.padding = self.padding.roll(-offset, dims=1)
-        self.padding[:, length:] = False  # slots yet to be written hold no stale padding
+        for buffer in self.keys + self.values:
+            buffer[:, :, to:to + count] = buffer[:, :, start:start + count].clone()
+        moved = self.padding[:, start:start + count].clone()
+        self.padding[:, :to] = True
+        self.padding[:, to:to + count] = moved
+        self.padding[:, to + count:] = False
+
+    def _restart_stream(self, length: int) -> None:
+        """The stream holds slots ``0 .. length`` of every row, in order."""
         self.slot_pos.fill_(-1)
         self.slot_pos[:length] = torch.arange(length, device=self.slot_pos.device)
         self.seen.fill_(length)
         self._length = length
         self._padded = bool(self.padding[:, :length].any())  # steps without padding: no mask
-
-    def append_rows(self, other: KVCache) -> None:
-        """Add ``other``'s rows (a prefill of new prompts, each at its own positions) after this
-        cache's rows, in one copy: the padding every row of this cache has first is dropped,
-        and all rows' tokens end together, at the longer of the two streams (the slots before a
-        row's tokens are its padding). Only for sliced, non-ring caches."""
-        lead = self.leading_padding()
-        kept, n = self.length - lead, other.length  # slots of tokens in each
-        length, B, R = max(kept, n), len(self.padding), len(other.padding)
-        if self.ring or other.ring or not self.sliced or length > self.capacity:
-            raise ValueError(f"a sliced, non-ring cache of {self.capacity} slots cannot take "
-                             f"rows of {n} tokens beside rows of {kept}")
-        mine, theirs = slice(length - kept, length), slice(length - n, length)
-        for buffers, others in ((self.keys, other.keys), (self.values, other.values)):
-            for i, (buffer, new) in enumerate(zip(buffers, others, strict=True)):
-                rows = buffer.new_zeros((B + R, *buffer.shape[1:]))  # padding slots: zeros
-                rows[:B, :, mine] = buffer[:, :, lead:self.length]
-                rows[B:, :, theirs] = new[:, :, :n]
-                buffers[i] = rows
-        padding = self.padding.new_zeros(B + R, self.capacity)
-        padding[:B, :mine.start] = True
-        padding[:B, mine] = self.padding[:, lead:self.length]
-        padding[B:, :theirs.start] = True
-        padding[B:, theirs] = other.padding[:, :n]
-        self.padding = padding
-        self.visible = self.visible.new_zeros(B + R, self.capacity)
-        self.next_position = torch.cat([self.next_position, other.next_position])
-        self.slot_pos.fill_(-1)
-        self.slot_pos[:length] = torch.arange(length, device=self.slot_pos.device)
-        self.seen.fill_(length)
-        self._length = length
-        self._padded = bool(padding[:, :length].any())

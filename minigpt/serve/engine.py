@@ -53,7 +53,7 @@ class Engine:
         steps = None
         if graph_rows > 0:
             steps = FixedShapeSteps(model, min(graph_rows, max_batch), capacity, capture=on_gpu)
-        self.batch = RunningBatch(model, capacity, steps)
+        self.batch = RunningBatch(model, capacity, max_batch, steps)
         self.waiting: deque[Sequence] = deque()
         self.steps = 0  # decode steps taken (for tests and logs)
         self.largest_batch = 0  # the most rows one step decoded

@@ -9,7 +9,7 @@ pair of a row count in ``bucket_sizes(max_rows)`` and a slot count in multiples 
 rows holding L tokens runs the smallest view with at least B rows and L + 1 slots: the spare
 rows decode padding nobody reads, and attention reads the slots in use, not the context.
 The rows enter with ``load`` (a copy of the running batch's sliced cache) and go back with the
-cache's ``sliced_rows``, so rows join and leave on the eager cache, as before.
+running cache's ``load``, so rows join and leave on the eager cache.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class FixedShapeSteps:
 
     def load(self, cache) -> None:
         """Take the rows of the running batch's sliced ``cache`` (copied in)."""
-        self.cache.load(cache)
+        self.cache.load(cache, len(cache.padding))
         self.length = cache.length
 
     def step(self, tokens: Tensor) -> Tensor:
