@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from minigpt.documents import check_document_ids, document_attention, document_positions
 from minigpt.kv_cache import KVCache, LayerCache
 from minigpt.rope import apply_rope, check_rope_head_dim, check_rope_theta, rope_angles
-from minigpt.window import banded_attention, check_window, finite_rows, window_mask
+from minigpt.window import banded_attention, check_window, masked_attention, window_mask
 
 __all__ = ["KVCache", "MultiHeadAttention", "check_context_fits"]
 _BOOK_PROJECTIONS = ("W_query", "W_key", "W_value")
@@ -163,7 +163,7 @@ class MultiHeadAttention(nn.Module):
         if padding is None:  # a scheduled window: every query sees itself, no row is empty
             return self._sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         mask = mask & ~padding[:, None, None, :]  # (B, 1, T, T)
-        return self._masked_attention(q, k, v, mask, dropout_p)
+        return masked_attention(self._sdpa, q, k, v, mask, dropout_p)
 
     def _cached_attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
                           dropout_p: float) -> Tensor:
@@ -171,15 +171,7 @@ class MultiHeadAttention(nn.Module):
         token always sees itself, so only a chunk's rows can be empty."""
         if mask is None or q.shape[2] == 1:
             return self._sdpa(q, keys, values, attn_mask=mask, dropout_p=dropout_p)
-        return self._masked_attention(q, keys, values, mask, dropout_p)
-
-    def _masked_attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor,
-                          dropout_p: float) -> Tensor:
-        """Attention under ``mask`` (True = may attend); a query with no visible key returns
-        zeros (softmax kept finite, never NaN)."""
-        mask, empty_rows = finite_rows(mask)
-        y = self._sdpa(q, keys, values, attn_mask=mask, dropout_p=dropout_p)
-        return y if empty_rows is None else y.masked_fill(empty_rows, 0.0)
+        return masked_attention(self._sdpa, q, keys, values, mask, dropout_p)
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
               dropout_p: float = 0.0, is_causal: bool = False) -> Tensor:
@@ -211,12 +203,9 @@ class MultiHeadAttention(nn.Module):
         mask = window_mask(positions, positions, self.current_window)  # (T, T)
         if key_padding_mask is not None:
             mask = mask & ~key_padding_mask[:, None, None, :]  # (B, 1, T, T)
-        mask, empty_rows = finite_rows(mask)
         scores = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5  # (B, nh, T, T)
-        weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        if empty_rows is not None:
-            weights = weights.masked_fill(empty_rows, 0.0)
-        return weights
+        # a query with no visible key: a softmax over -inf only is NaN, its weights zeros
+        return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).nan_to_num(0.0)
 
     def _project(
         self, x: Tensor, key_padding_mask: Tensor | None, kv_cache: LayerCache | None,

@@ -13,7 +13,7 @@ import functools
 import torch
 from torch import Tensor
 
-from minigpt.window import finite_rows, window_mask
+from minigpt.window import masked_attention, window_mask
 
 
 def document_ids_of(idx: Tensor, bos_id: int) -> Tensor:
@@ -72,9 +72,7 @@ def document_attention(q: Tensor, k: Tensor, v: Tensor, document_ids: Tensor,
     query with no visible key gives zeros. ``sdpa``: the caller's (it handles nkv < nh)."""
     if q.is_cuda and dropout_p == 0.0:
         return flex_document_attention(q, k, v, document_ids, window, padding)
-    mask, empty_rows = finite_rows(document_mask(document_ids, window, padding))
-    y = sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    return y if empty_rows is None else y.masked_fill(empty_rows, 0.0)
+    return masked_attention(sdpa, q, k, v, document_mask(document_ids, window, padding), dropout_p)
 
 
 def flex_document_attention(q: Tensor, k: Tensor, v: Tensor, document_ids: Tensor,

@@ -84,6 +84,15 @@ def finite_rows(mask: Tensor) -> tuple[Tensor, Tensor | None]:
     return mask, None
 
 
+def masked_attention(sdpa, q: Tensor, k: Tensor, v: Tensor, mask: Tensor,
+                     dropout_p: float) -> Tensor:
+    """``sdpa`` (the caller's) under ``mask`` (True = may attend); a query with no visible key
+    returns zeros (softmax kept finite, never NaN)."""
+    mask, empty = finite_rows(mask)
+    y = sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    return y if empty is None else y.masked_fill(empty, 0.0)
+
+
 def banded_attention(q: Tensor, k: Tensor, v: Tensor, window: int, padding: Tensor | None,
                      dropout_p: float, sdpa) -> Tensor:
     """Sliding-window causal attention of q (B, nh, T, hd) over k, v (B, nkv, T, hd) from
@@ -99,10 +108,8 @@ def banded_attention(q: Tensor, k: Tensor, v: Tensor, window: int, padding: Tens
     if padding is not None:
         keep = ~F.pad(padding, (window, n * C - T), value=True).unfold(1, window + C, C)
         mask = mask & keep[:, :, None, :]  # (B, n, C, W + C)
-    mask, empty = finite_rows(mask.expand(B, n, C, window + C).reshape(B * n, 1, C, window + C))
-    y = sdpa(qc, kc, vc, attn_mask=mask, dropout_p=dropout_p)  # (B * n, nh, C, hd)
-    if empty is not None:
-        y = y.masked_fill(empty, 0.0)
+    mask = mask.expand(B, n, C, window + C).reshape(B * n, 1, C, window + C)
+    y = masked_attention(sdpa, qc, kc, vc, mask, dropout_p)  # (B * n, nh, C, hd)
     y = y.view(B, n, nh, C, hd).transpose(1, 2).reshape(B, nh, n * C, hd)
     return y[:, :, :T]
 
