@@ -33,6 +33,11 @@ class BatchCache(KVCache):
     def max_rows(self) -> int:
         return len(self._buffers[2])
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the key and value buffers: every row's, in use or not."""
+        return sum(t.nbytes for t in self._buffers[0] + self._buffers[1])
+
     def _use_rows(self, count: int) -> None:
         """Make the first ``count`` rows of the buffers the rows in use (views)."""
         if count > self.max_rows:

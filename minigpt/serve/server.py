@@ -19,6 +19,7 @@ import sys
 import threading
 from pathlib import Path
 
+from minigpt.cpu import keep_freed_host_memory
 from minigpt.errors import ConfigError, UserError
 from minigpt.paths import check_paths
 from minigpt.serve.config import ServeSchema, is_loopback, serve_problems
@@ -76,6 +77,8 @@ def load_service(settings: ServeSchema) -> Service:
                         f"{model.config.window}): the server's batch cache holds full "
                         "attention only; sample it with generate.py")
     applied = loaded.place(cpu_speedups=settings.cpu_speedups is not False)
+    if applied and keep_freed_host_memory():  # prompts and steps make and free the same tensors
+        applied.append("glibc keeps freed memory")
     engine = Engine(model, max_batch=settings.max_batch, max_queue=settings.max_queue,
                     graph_rows=settings.cuda_graph_rows if loaded.device.startswith("cuda")
                     else 0)
@@ -84,7 +87,8 @@ def load_service(settings: ServeSchema) -> Service:
                       template=loaded.chat_template, max_tokens=settings.max_tokens)
     _info(f"{loaded.describe()}; cpu speedups: {', '.join(applied) or 'none'}; serving it as "
           f"{name!r} ({'chat template stored' if service.template else 'no chat template'}), "
-          f"up to {settings.max_batch} requests at once{_steps_note(engine)}")
+          f"up to {settings.max_batch} requests at once (a KV cache of "
+          f"{engine.batch.cache.nbytes / 2**20:,.0f} MiB){_steps_note(engine)}")
     return service
 
 
