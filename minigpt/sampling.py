@@ -14,6 +14,7 @@ Shape letters: B batch, T prompt tokens, N tokens so far, L window tokens, V voc
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from torch import Tensor
 
 __all__ = [
     "apply_temperature",
+    "evaluating",
     "generate",
     "pad_prompts",
     "sample_next",
@@ -120,6 +122,18 @@ def pad_prompts(
     return idx, mask
 
 
+@contextlib.contextmanager
+def evaluating(model):
+    """Eval mode and no autograd inside; the model's training flag as it was afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
 @torch.inference_mode()
 def generate(
     model,
@@ -180,14 +194,10 @@ def generate(
     out[:, :T] = idx
     sample = partial(sample_next, temperature=temperature, top_k=top_k, top_p=top_p,
                      generator=generator)
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         N = _decode(model, out, T, starts, ctx, keep, sample, eos_id=eos_id, use_cache=use_cache,
                     on_token=on_token, vocab_size=vocab_size, decoder=decoder)
-        return out[:, :N]
-    finally:
-        model.train(was_training)
+    return out[:, :N]
 
 
 def _decode(model, out: Tensor, T: int, starts: list[int], ctx: float, keep: int, sample, *,

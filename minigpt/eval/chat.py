@@ -13,8 +13,9 @@ from minigpt.chat.cli import exact_match, read_records, split_reference
 from minigpt.chat.session import ChatSession, ContextFullError
 from minigpt.chat.template import ChatFormatError
 from minigpt.errors import UserError
-from minigpt.eval.scoring import Score, evaluating
+from minigpt.eval.scoring import Score
 from minigpt.eval.task import Task
+from minigpt.sampling import evaluating
 
 FORMAT = ('a chat item is {"messages": [...]} ending with the assistant\'s reference reply, or '
           'with "choices": [text, ...] and "answer": <index>')

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
+from minigpt.sampling import evaluating
+
 HEAD_CHUNK = 4096  # scored positions per LM-head call: bounds the (M, V) float32 logits
 
 
@@ -137,18 +139,6 @@ def score_groups(model, groups: Sequence[tuple[Sequence[int], Sequence[Sequence[
                 progress(sum(len(groups[g][1]) for g in batch))
             start = end
     return scores
-
-
-@contextlib.contextmanager
-def evaluating(model):
-    """Eval mode and no autograd inside; the model's training flag as it was afterwards."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            yield
-    finally:
-        model.train(was_training)
 
 
 def _batch_end(groups, order: list[int], start: int, batch_size: int, context_length: int) -> int:
