@@ -96,12 +96,8 @@ def evaluate(task: Task, model, tokenizer, items: Sequence[Any], *, batch_size: 
     per_item = [task.item_metrics(item, scores[start:start + n]) if replies is None else
                 task.item_metrics(item, scores[start:start + n], replies[i])
                 for i, (item, (start, n)) in enumerate(zip(items, spans, strict=True))]
-    return {"task": task.name, **{m: _mean([r.get(m) for r in per_item]) for m in task.metrics},
+    # each metric's mean over the items that measure it (None where none does)
+    measured = {m: [r[m] for r in per_item if r.get(m) is not None] for m in task.metrics}
+    return {"task": task.name, **{m: sum(v) / len(v) if v else None for m, v in measured.items()},
             "n": len(per_item), "truncated": sum(any(cut[s:s + k]) for s, k in spans),
             **task.summary(per_item)}
-
-
-def _mean(values: list) -> float | None:
-    """The mean of the values that are not None; None if all are."""
-    measured = [v for v in values if v is not None]
-    return sum(measured) / len(measured) if measured else None
