@@ -27,11 +27,10 @@ def run(cfg: EvalCommandSchema | DictConfig, out=None) -> dict:
     out = out or sys.stdout
     cfg = typed(cfg, EvalCommandSchema)
     _check_options(cfg)
-    if cfg.task == "harness":
-        _task_list(cfg.tasks)  # none given: say so first
+    tasks = _task_list(cfg.tasks) if cfg.task == "harness" else None  # none given: say so first
     check_paths(cfg)  # path, out, include_path, ...: before any item is scored
     check_device(cfg.device)  # before the items and the model are read
-    result = _run_harness(cfg, out) if cfg.task == "harness" else _run_task(cfg, out)
+    result = _run_task(cfg, out) if tasks is None else _run_harness(cfg, tasks, out)
     out.flush()
     if cfg.out is not None:  # checked by check_paths before any work
         text = json.dumps(result, indent=1, default=str) + "\n"
@@ -53,8 +52,7 @@ def _run_task(cfg: EvalCommandSchema, out) -> dict:
     return result
 
 
-def _run_harness(cfg: EvalCommandSchema, out) -> dict:
-    tasks = _task_list(cfg.tasks)
+def _run_harness(cfg: EvalCommandSchema, tasks: list[str], out) -> dict:
     from minigpt.eval.harness import MiniGPTLM, run_harness  # fails here without lm_eval
 
     loaded, autocast = _load(cfg)
