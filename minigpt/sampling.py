@@ -172,9 +172,7 @@ def generate(
         crop_to: tokens kept when the window is full (see the module docstring).
         decoder: a ``minigpt.static_decoding.StaticDecoder`` of this model and batch size, with
             room for the prompt and ``max_new_tokens`` (or the context): the one-token steps run
-            over its fixed-shape cache (the same forward, compiled into a CUDA graph on a GPU, a
-            C++ program on the CPU) instead of the growing slices of the eager cache; the tokens
-            are the same.
+            over its fixed-shape (compiled) cache instead of the eager one; the tokens are the same.
     """
     validate_sampling(temperature, top_k, top_p)
     B, T, pad_counts = _check_generate_inputs(model, idx, max_new_tokens, key_padding_mask,

@@ -173,10 +173,9 @@ def _run_contexts(model, contexts, room: int, device):
     into a fresh KV cache with ``room`` more tokens: the hidden state that predicts each
     continuation's first token (G, C), the cache, and the context lengths (G,)."""
     G, Tc = len(contexts), max(map(len, contexts))
-    ctx = torch.zeros(G, Tc, dtype=torch.long)  # (G, Tc)
+    ctx = torch.tensor([[0] * (Tc - len(c)) + list(c) for c in contexts],
+                       dtype=torch.long)  # (G, Tc) left-padded
     lengths = torch.tensor([len(context) for context in contexts])  # (G,)
-    for g, context in enumerate(contexts):
-        ctx[g, Tc - len(context):] = torch.tensor(list(context))
     cols = torch.arange(Tc)[None, :]  # (1, Tc)
     padding = cols < (Tc - lengths)[:, None]  # (G, Tc) True = padding
     positions = (cols - (Tc - lengths)[:, None]).clamp(min=0)  # (G, Tc)
