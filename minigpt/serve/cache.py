@@ -136,11 +136,12 @@ class BatchCache(KVCache):
 
     def _move_tokens(self, start: int, to: int, count: int) -> None:
         """Move slots ``start .. start + count`` of the rows in use to ``to .. to + count``; the
-        slots before them become padding, those after them empty."""
+        slots before them become padding (zeros: some were never written), those after empty."""
         if start == to:
             return
         for buffer in self.keys + self.values:
             buffer[:, :, to:to + count] = buffer[:, :, start:start + count].clone()
+            buffer[:, :, :to] = 0
         moved = self.padding[:, start:start + count].clone()
         self.padding[:, :to] = True
         self.padding[:, to:to + count] = moved

@@ -1,6 +1,8 @@
 """The running batch over the KV cache: rows that join and leave between steps get the logits
 the model gives each row's sequence alone, without a cache (the oracle: a plain forward)."""
 
+import random
+
 import pytest
 import torch
 from chat_helpers import tiny_chat_model
@@ -98,3 +100,40 @@ def test_scored_prefill_gives_every_position():
     ids = [3, 1, 4, 1, 5, 9]
     logits, _ = batch.prefill([ids], all_positions=True)
     torch.testing.assert_close(logits[0], model(torch.tensor([ids]))[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@torch.inference_mode()
+def test_random_joins_leaves_and_steps_match_each_sequence_alone(seed):
+    """Random walks of joins (prompts of 1-3 or 10-12 tokens: the running rows' tokens move
+    either way, by more than they hold), leaves and steps over buffers that start as NaN: every
+    step's logits equal each row's sequence run alone."""
+    model = tiny_chat_model(context_length=32, seed=3)
+    rnd = random.Random(seed)
+    for _ in range(40):
+        batch = RunningBatch(model, capacity=32, max_rows=6)
+        for buffer in batch.cache._buffers[0] + batch.cache._buffers[1]:
+            buffer.fill_(float("nan"))
+        seqs = []
+        for _ in range(30):
+            longest = max(map(len, seqs), default=0)
+            choice = rnd.random()
+            if choice < 0.3 and len(seqs) < 6:
+                prompts = [[rnd.randrange(40) for _ in range(rnd.choice((1, 2, 3, 10, 12)))]
+                           for _ in range(rnd.randint(1, 6 - len(seqs)))]
+                if max(map(len, prompts)) + longest > 31:
+                    continue
+                _, cache = batch.prefill(prompts)
+                batch.join(cache, prompts)
+                seqs += prompts
+            elif choice < 0.45 or longest >= 31:
+                kept = sorted(rnd.sample(range(len(seqs)), rnd.randint(0, len(seqs))))
+                batch.keep(kept)
+                seqs = [seqs[r] for r in kept]
+            elif seqs:
+                tokens = [rnd.randrange(40) for _ in seqs]
+                logits = batch.step(torch.tensor(tokens)[:, None])
+                for row, (s, t) in enumerate(zip(seqs, tokens, strict=True)):
+                    s.append(t)
+                    torch.testing.assert_close(logits[row], alone(model, s), atol=1e-4,
+                                               rtol=1e-4)
