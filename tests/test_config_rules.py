@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from minigpt.config import ModelSchema, OptimSchema, TrainerSchema, TrainSchema, typed
 from minigpt.config.rules import TRAIN_RULES, train_problems
 from minigpt.field_rules import OneOf, Range, Satisfies, field_problems, spell
-from minigpt.model import GPTConfig
+from minigpt.model import GPT_CONFIG_RULES, GPTConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -100,7 +100,9 @@ def test_gpt_config_and_the_model_schema_share_one_validation():
         GPTConfig(dropout=1.5)
     schema = ModelSchema(dropout=1.5)  # built unchecked: the run checks it with the rest
     assert field_problems(schema, {"dropout": Range(0, 1, high_open=True)}) == \
-        GPTConfig.problems(schema) == ["dropout=1.5 must be a number in [0, 1)"]
+        field_problems(schema, GPT_CONFIG_RULES) == ["dropout=1.5 must be a number in [0, 1)"]
+    assert "model.dropout=1.5 must be a number in [0, 1)" in \
+        train_problems(TrainSchema(model=schema))
 
 
 def test_the_model_schema_is_gpt_config_and_its_defaults_are_gpt2():

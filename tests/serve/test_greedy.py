@@ -2,16 +2,20 @@
 path, run here on the same checkpoint and prompt), alone and as one of 8 concurrent requests
 with different prompts and lengths."""
 
+import asyncio
 import io
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
 from generate import run as generate_run
 from minigpt.config import GenerateSchema
+from minigpt.serve.app import EventPipe
 from minigpt.serve.config import ServeSchema
 from minigpt.serve.engine import Engine
+from minigpt.serve.sequence import Event
 from minigpt.serve.server import load_service, serve_in_thread
 
 PROMPTS = ["the cat", "1+1=", "hello there, how are", "a", "zebra crossing ", "42",
@@ -66,15 +70,42 @@ def streamed_texts(url: str, prompt: str, max_tokens: int) -> list[str]:
 
 
 def test_a_stream_sends_the_tokens_of_an_interval_together(base_checkpoint, start_server):
-    """stream_interval: the first token goes out at once, the others at most every interval
-    (here longer than the request: all with the end); the text is generate.py's either way."""
+    """stream_interval: the tokens between the first and the end go out at most every interval
+    (here longer than the request: with the end); the text is generate.py's either way."""
     expected = generate_py(base_checkpoint, PROMPTS[2], LENGTHS[2])
     every_token = start_server(base_checkpoint)
     assert "".join(streamed_texts(every_token.url, PROMPTS[2], LENGTHS[2])) == expected
     together = start_server(base_checkpoint, stream_interval=10.0)
     texts = streamed_texts(together.url, PROMPTS[2], LENGTHS[2])
     assert "".join(texts) == expected
-    assert len(texts) == 2 and len(texts[0]) == 1  # the first token, then the rest at the end
+    # the first token, then the rest; one event if the decoding ended before the first was sent
+    assert len(texts) <= 2
+
+
+def test_the_event_pipe_wakes_the_loop_for_a_first_and_a_last_event_only():
+    """``EventPipe`` with a 10 s interval, fed from another thread as the engine feeds it: a
+    waiting stream gets a sequence's first event at once, the next ones only with its end."""
+    def put(pipe, event):
+        thread = threading.Thread(target=pipe.put, args=(event,))
+        thread.start()
+        thread.join()
+
+    async def main():
+        pipe = EventPipe(asyncio.get_running_loop(), interval=10.0)
+        waiting = asyncio.ensure_future(pipe.get())
+        await asyncio.sleep(0.05)
+        put(pipe, Event(0, "a"))
+        assert [e.text for e in await asyncio.wait_for(waiting, 5)] == ["a"]
+        waiting = asyncio.ensure_future(pipe.get())
+        await asyncio.sleep(0.05)
+        put(pipe, Event(0, "b"))
+        put(pipe, Event(0, "c"))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # not woken within the interval
+        put(pipe, Event(0, "d", finish_reason="length"))
+        assert [e.text for e in await asyncio.wait_for(waiting, 5)] == ["b", "c", "d"]
+
+    asyncio.run(main())
 
 
 def test_fixed_shape_steps_give_generate_py_text(base_checkpoint):
