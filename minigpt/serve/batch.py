@@ -27,7 +27,7 @@ class RunningBatch:
     and, per row, its owner (any object; ``owners``)."""
 
     def __init__(self, model, capacity: int, max_rows: int, fixed_steps=None):
-        self.model, self.capacity, self.fixed_steps = model, capacity, fixed_steps
+        self.model, self.fixed_steps = model, fixed_steps
         self.owners: list = []
         self.cache = model.new_kv_cache(max_rows, capacity, cache_class=BatchCache)
         self._in_fixed = False  # the rows live in ``fixed_steps``' copy (``cache`` is stale)
@@ -61,16 +61,17 @@ class RunningBatch:
         """Keep only ``rows`` (indices, in order); the others leave the batch."""
         if len(rows) == len(self.owners):
             return
+        self._in_fixed = self._in_fixed and bool(rows)  # no row left: nothing to take back
         self._take_back()
         self.cache.keep_rows(rows)
         self.owners = [self.owners[r] for r in rows]
 
     def step(self, tokens: Tensor) -> Tensor:
         """Each row reads its token (B, 1); the next token's logits (B, V)."""
-        fixed = self.fixed_steps
-        if self._in_fixed and fixed.length == self.capacity:
+        fixed, capacity = self.fixed_steps, self.cache.capacity
+        if self._in_fixed and fixed.length == capacity:
             self._take_back()
-        if not self._in_fixed and self.cache.length == self.capacity:
+        if not self._in_fixed and self.cache.length == capacity:
             self.cache.drop_leading_padding()
         if fixed is None or len(self.owners) > fixed.max_rows:
             return self.model(tokens, kv_cache=self.cache, last_only=True)[:, -1]

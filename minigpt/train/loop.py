@@ -353,9 +353,7 @@ class Sampler:
         before (a sample is a nicety: it never stops training)."""
         if self.failed or self.cfg.max_new_tokens <= 0:
             return None
-        was_training = model.training
-        model.eval()
-        try:
+        try:  # generate runs in eval mode and restores the model's mode
             generator = torch.Generator(device=device).manual_seed(self.seed)
             prompt = self.cfg.prompt
             ids = (self.tokenizer.encode(prompt) if prompt else []) or [self.tokenizer.eot_id]
@@ -370,8 +368,6 @@ class Sampler:
             rank_zero_warn(f"sampling failed, samples are off for this run: "
                            f"{type(e).__name__}: {e}")
             return None
-        finally:
-            model.train(was_training)
 
     def record(self, step: int, text: str) -> None:
         """Append to ``samples.txt`` (rank 0 calls this), rewritten whole through

@@ -15,11 +15,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from minigpt.sampling import evaluating
+
 DPI = 100
 READABLE_TOKENS = 64  # axis labels stay legible up to about this many tokens
 
 
-@torch.no_grad()
 def attention_maps(
     model, idx: Tensor, key_padding_mask: Tensor | None = None, position_ids: Tensor | None = None
 ) -> list[Tensor]:
@@ -35,16 +36,14 @@ def attention_maps(
         positions = args[3] if len(args) > 3 else kwargs.get("position_ids")
         maps.append(attn.attention_weights(x, mask, positions))  # (B, nh, T, T)
 
-    was_training = model.training
     handles = [attn.register_forward_pre_hook(capture, with_kwargs=True)
                for attn in model.attention_layers()]
     try:
-        model.eval()
-        model(idx, key_padding_mask=key_padding_mask, position_ids=position_ids)
+        with evaluating(model):
+            model(idx, key_padding_mask=key_padding_mask, position_ids=position_ids)
     finally:
         for handle in handles:
             handle.remove()
-        model.train(was_training)
     return maps
 
 
