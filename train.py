@@ -8,6 +8,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from minigpt.config import TrainSchema, config_errors, register_schemas, typed
+from minigpt.errors import ending_distributed_failures_at_once
 
 
 def claim_run_dir(parent: str) -> str:
@@ -52,5 +53,6 @@ def check_before_work(train: TrainSchema) -> None:
 
 
 if __name__ == "__main__":
-    with config_errors(TrainSchema):  # a bad key or value while composing: one line, status 2
-        main()
+    with ending_distributed_failures_at_once():  # no gloo teardown that can hang or abort
+        with config_errors(TrainSchema):  # a bad key or value while composing: one line, status 2
+            main()

@@ -4,7 +4,10 @@ and the first line of exceptions raised deep inside libraries."""
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import sys
+import traceback
 
 
 def first_line(error: BaseException, limit: int = 200, *, root_cause: bool = False) -> str:
@@ -59,3 +62,31 @@ def command_line_errors(*also: type[BaseException]):
             yield
     except KeyboardInterrupt:
         raise SystemExit(INTERRUPTED_EXIT_CODE) from None
+
+
+@contextlib.contextmanager
+def ending_distributed_failures_at_once():
+    """Around an entry point: a process in a ``torch.distributed`` process group that fails (an
+    exception, or an exit status other than 0) prints what it would, flushes its output and logs
+    and ends at once with that status. Interpreter shutdown would free the group while its worker
+    threads may still be releasing finished work, which deadlocks (they wait for the interpreter
+    lock the freeing thread holds) or aborts the process (SIGABRT) and loses the status. One
+    process and a success end as usual."""
+    try:
+        yield
+    except BaseException as ending:
+        dist = sys.modules.get("torch.distributed")  # never imported here: only if it was
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            raise
+        code = ending.code if isinstance(ending, SystemExit) else 1
+        if code in (0, None):
+            raise
+        if not isinstance(ending, SystemExit):
+            traceback.print_exception(ending)
+        elif not isinstance(code, int):  # SystemExit("message"): Python prints it, status 1
+            print(code, file=sys.stderr)
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(code)

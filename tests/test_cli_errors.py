@@ -364,3 +364,38 @@ def test_a_full_disk_at_the_first_checkpoint_is_one_line_saying_so(tmp_path):
     assert left == []
     # torch makes its compiler's cache directory there; no file was staged
     assert [p for p in system_temp.rglob("*") if p.is_file()] == []
+
+
+ENDINGS = {  # how the process body ends -> the exit status and what stderr must hold
+    "raise SystemExit(2)": (2, ""),
+    "raise SystemExit(130)": (130, ""),
+    "raise SystemExit('error: a one-line message')": (1, "error: a one-line message"),
+    "raise RuntimeError('a bug')": (1, "RuntimeError: a bug"),
+}
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_a_failing_process_of_a_process_group_ends_at_once_with_its_status(tmp_path, ending):
+    """In a gloo process group, a failure skips interpreter shutdown (whose teardown of the group
+    can hang or abort): the status and the output stay, and no exit handler runs; the same body
+    outside a group ends as usual, and a success inside one too."""
+    status, said = ENDINGS[ending]
+    for grouped, body in [(True, ending), (False, ending), (True, "print('done')")]:
+        script = (
+            "import atexit, torch.distributed as dist\n"
+            "from minigpt.errors import ending_distributed_failures_at_once\n"
+            "atexit.register(print, 'exit handlers ran')\n"
+            "with ending_distributed_failures_at_once():\n"
+            f"    if {grouped}:\n"
+            f"        dist.init_process_group('gloo', init_method='file://{tmp_path}/store"
+            f"{len(body)}{grouped}', rank=0, world_size=1)\n"
+            "    print('before', flush=False)\n"
+            f"    {body}\n")
+        result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                                text=True, timeout=120)
+        expected = status if body == ending else 0
+        assert result.returncode == expected, (grouped, body, result.stderr[-2000:])
+        assert result.stdout.startswith("before"), result.stdout  # flushed before the exit
+        assert body != ending or said in result.stderr
+        ran = "exit handlers ran" in result.stdout
+        assert ran == (not grouped or body != ending), (grouped, body, result.stdout)
