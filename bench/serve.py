@@ -37,11 +37,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+import aiohttp
 import torch
 
 from minigpt.devices import check_device, inference_dtype
@@ -134,9 +135,10 @@ def _wait_until_ready(url: str, process, log_path: Path, timeout: float) -> None
             raise SystemExit(f"the server exited ({process.returncode}):\n"
                              f"{log_path.read_text()[-2000:]}")
         try:
-            if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:  # refused, reset, timed out, or an HTTP error status
             pass
         time.sleep(0.2)
     raise SystemExit(f"the server did not answer within {timeout:.0f} s "
@@ -148,16 +150,17 @@ def _prompts(count: int) -> list[str]:
     return [" ".join(WORDS[(7 * n + i) % len(WORDS)] for i in range(6)) for n in range(count)]
 
 
-async def _complete(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> Reply:
+async def _complete(session: aiohttp.ClientSession, prompt: str, max_tokens: int) -> Reply:
     """One streamed greedy completion, timed from sending to its first text and to its end."""
     body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     first, pieces, usage = None, [], None
-    async with client.stream("POST", "/v1/completions", json=body) as response:
-        if response.status_code != 200:
-            raise SystemExit(f"HTTP {response.status_code}: {(await response.aread())[:500]}")
-        async for line in response.aiter_lines():
+    async with session.post("/v1/completions", json=body) as response:
+        if response.status != 200:
+            raise SystemExit(f"HTTP {response.status}: {(await response.read())[:500]}")
+        async for raw in response.content:  # one line at a time
+            line = raw.decode().rstrip("\r\n")
             if not line.startswith("data:") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[5:])
@@ -173,22 +176,23 @@ async def _complete(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> 
 
 async def _measure(url: str, args, local_decode) -> list[dict]:
     """Per round: the requests one at a time, together, the one-client overhead request and
-    the in-process decode of its prompt."""
+    the in-process decode of its prompt. The client is aiohttp: httpx's own work per streamed
+    request, serialized in this one process, would be most of what 16 clients measure."""
     prompts = _prompts(args.clients)
     overhead_prompt = _prompts(1)[0]
-    limits = httpx.Limits(max_connections=args.clients + 1)
     rounds = []
-    async with httpx.AsyncClient(base_url=url, timeout=args.request_timeout,
-                                 limits=limits) as client:
+    async with aiohttp.ClientSession(
+            base_url=url, connector=aiohttp.TCPConnector(limit=args.clients + 1),
+            timeout=aiohttp.ClientTimeout(total=args.request_timeout)) as session:
         for n in range(args.warmup + args.repeats):
             start = time.perf_counter()
-            alone = [await _complete(client, p, args.tokens) for p in prompts[:args.alone]]
+            alone = [await _complete(session, p, args.tokens) for p in prompts[:args.alone]]
             alone_s = time.perf_counter() - start
             start = time.perf_counter()
-            together = await asyncio.gather(*(_complete(client, p, args.tokens)
+            together = await asyncio.gather(*(_complete(session, p, args.tokens)
                                               for p in prompts))
             together_s = time.perf_counter() - start
-            single = await _complete(client, overhead_prompt, args.overhead_tokens)
+            single = await _complete(session, overhead_prompt, args.overhead_tokens)
             local = local_decode()
             if n >= args.warmup:
                 rounds.append({"alone": alone, "alone_s": alone_s, "together": together,
