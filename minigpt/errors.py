@@ -78,7 +78,8 @@ def ending_distributed_failures_at_once():
         dist = sys.modules.get("torch.distributed")  # never imported here: only if it was
         if dist is None or not dist.is_available() or not dist.is_initialized():
             raise
-        code = ending.code if isinstance(ending, SystemExit) else 1
+        code = ending.code if isinstance(ending, SystemExit) else \
+            INTERRUPTED_EXIT_CODE if isinstance(ending, KeyboardInterrupt) else 1
         if code in (0, None):
             raise
         if not isinstance(ending, SystemExit):
