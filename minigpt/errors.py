@@ -66,12 +66,10 @@ def command_line_errors(*also: type[BaseException]):
 
 @contextlib.contextmanager
 def ending_distributed_failures_at_once():
-    """Around an entry point: a process in a ``torch.distributed`` process group that fails (an
-    exception, or an exit status other than 0) prints what it would, flushes its output and logs
-    and ends at once with that status. Interpreter shutdown would free the group while its worker
-    threads may still be releasing finished work, which deadlocks (they wait for the interpreter
-    lock the freeing thread holds) or aborts the process (SIGABRT) and loses the status. One
-    process and a success end as usual."""
+    """Around an entry point: a process of a ``torch.distributed`` group that fails prints what
+    it would, flushes its output and logs, and exits at once with its status. Interpreter shutdown
+    would free the group while its worker threads still release finished work: a deadlock (they
+    wait for the interpreter lock) or SIGABRT, losing the status. Success ends as usual."""
     try:
         yield
     except BaseException as ending:
