@@ -152,10 +152,10 @@ def typed(cfg: Any, schema: type):
 
 
 def settings_problems(settings, rules: dict[str, Rule] | None = None) -> list[str]:
-    """Every value of a typed command config that does not fit its type or its rule (``rules``:
-    a command's own besides the table's, e.g. the evaluation's task names), and a model named
-    twice (``ckpt_path`` and ``pretrained``)."""
-    problems = field_problems(settings, {**RULES[type(settings)], **(rules or {})})
+    """Every value of a typed command config that does not fit its type or its rule (``RULES``'
+    for its schema and ``rules``: the evaluation's task names, the server's whole table), and a
+    model named twice (``ckpt_path`` and ``pretrained``)."""
+    problems = field_problems(settings, {**RULES.get(type(settings), {}), **(rules or {})})
     if settings.ckpt_path is not None and settings.pretrained is not None:
         problems.append("give ckpt_path or pretrained, not both")
     return problems

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from minigpt.config import settings_problems
 from minigpt.devices import DTYPES
-from minigpt.field_rules import OneOf, Range, Satisfies, field_problems
+from minigpt.field_rules import OneOf, Range, Satisfies
 from minigpt.paths import INPUT_DIR, INPUT_FILE_OR_DIR, NO_MODEL, no_model_given, path_field
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -55,11 +56,9 @@ SERVE_RULES = {
 
 
 def serve_problems(settings: ServeSchema) -> list[str]:
-    """Every bad value of a serve config, one phrase each."""
-    problems = field_problems(settings, SERVE_RULES)
-    if settings.ckpt_path is not None and settings.pretrained is not None:
-        problems.append("give ckpt_path or pretrained, not both")
-    return problems
+    """Every bad value of a serve config, one phrase each (``settings_problems`` with
+    ``SERVE_RULES``)."""
+    return settings_problems(settings, SERVE_RULES)
 
 
 def register_serve_schema() -> None:
