@@ -5,7 +5,7 @@
     python -m bench.gpu --self-test      # a tiny config on the CPU in seconds (the default
                                          # without CUDA; the test suite runs it so it never rots)
     python -m bench.gpu --compile-only   # 3.'s compile rows alone (on the CPU: model=toy)
-    python -m bench.gpu --skip compile,documents   # leave out 3.'s compiles and 5.
+    python -m bench.gpu --skip compile,documents   # leave out 3.'s compiles and 5. (or training: 1.)
 
 1. Training step, side by side in this process, each the training loop's own step
    (``bench.loop_step``: Fabric bf16-mixed, fused AdamW, gradient clipping, the schedule): our
@@ -428,9 +428,11 @@ def _fmt(value, spec: str) -> str:
     return f"{'n/a':>{width}}" if value is None else format(value, spec)
 
 
-def _ratio(rows: dict, key: str) -> float | None:
-    theirs = rows.get("transformers")
-    return rows["ours"][key] / theirs[key] if theirs else None
+def _ratio(rows: dict, key: str, ours: str = "ours", theirs: str = "transformers") -> float | None:
+    """``rows[ours][key] / rows[theirs][key]``; None where either row was not measured."""
+    if ours not in rows or theirs not in rows:
+        return None
+    return rows[ours][key] / rows[theirs][key]
 
 
 def report(plan: Plan, train: dict, runs: list[dict], decode: dict,
@@ -456,31 +458,28 @@ def report(plan: Plan, train: dict, runs: list[dict], decode: dict,
     for batch, row in decode.items():
         lines.append(f"{'batch ' + str(batch):<24} {row['ours']:>11,.0f} "
                      f"{_fmt(row.get('transformers'), '>13,.0f')} "
-                     f"{_fmt(_ratio({k: {'v': v} for k, v in row.items()}, 'v'), '>6.2f')}x")
-    train_ratio = _ratio(train, "tokens_per_s")
-    causal = train.get("transformers, causal SDPA")
-    loop_ratio = runs[0]["tokens_per_s"] / train["ours"]["tokens_per_s"]
-    decode_ratio = _ratio({k: {"v": v} for k, v in decode[min(decode)].items()}, "v")
-    mfu = train["ours"]["mfu"] if "H100" in name else None
-    muon_ratio = train["ours"]["step_ms"] / train["ours, Muon"]["step_ms"]
-    modern_ratio = train["ours, recipe=modern"]["step_ms"] / train["ours"]["step_ms"]
-    lines += ["", _target("training >= 1.3x transformers tokens/s", train_ratio, 1.3),
-              *([_target("training >= 1.3x transformers with causal SDPA",
-                         train["ours"]["tokens_per_s"] / causal["tokens_per_s"], 1.3)]
-                if causal else []),
-              _target("train.py within 5% of the bare step's tokens/s", loop_ratio, 0.95),
-              _target("Muon's step within 5% of AdamW's (AdamW ms / Muon ms)", muon_ratio,
-                      1 / 1.05),
-              f"recipe=modern's step: {modern_ratio:.2f}x gpt2's",
-              *[_checkpointing_line(train, mode) for mode in ("blocks", "selective")],
+                     f"{_fmt(_decode_ratio(row), '>6.2f')}x")
+    bare_and_run = {**train, "train.py": runs[0]}
+    mfu = train.get("ours", {}).get("mfu") if "H100" in name else None
+    lines += ["", _target("training >= 1.3x transformers tokens/s", _ratio(train, "tokens_per_s"), 1.3),
+              _target("training >= 1.3x transformers with causal SDPA",
+                      _ratio(train, "tokens_per_s", theirs="transformers, causal SDPA"), 1.3),
+              _target("train.py within 5% of the bare step's tokens/s",
+                      _ratio(bare_and_run, "tokens_per_s", "train.py", "ours"), 0.95),
+              _target("Muon's step within 5% of AdamW's (AdamW ms / Muon ms)",
+                      _ratio(train, "step_ms", theirs="ours, Muon"), 1 / 1.05),
+              f"recipe=modern's step: {_fmt(_ratio(train, 'step_ms', 'ours, recipe=modern', 'ours'), '.2f')}x gpt2's",
+              *[f"activation checkpointing={mode}: step "
+                f"{_fmt(_ratio(train, 'step_ms', f'ours, ac={mode}', 'ours'), '.2f')}x none's"
+                for mode in ("blocks", "selective")],
               _target("MFU >= 40% on an H100", mfu, 0.40),
-              _target("decoding >= 3x transformers at batch 1", decode_ratio, 3.0)]
+              _target("decoding >= 3x transformers at batch 1",
+                      _decode_ratio(decode[min(decode)]), 3.0)]
     return lines
 
 
-def _checkpointing_line(train: dict, mode: str) -> str:
-    ratio = train[f"ours, ac={mode}"]["step_ms"] / train["ours"]["step_ms"]
-    return f"activation checkpointing={mode}: step {ratio:.2f}x none's"
+def _decode_ratio(row: dict) -> float | None:
+    return _ratio({name: {"tokens_per_s": value} for name, value in row.items()}, "tokens_per_s")
 
 
 def _target(what: str, value: float | None, goal: float) -> str:
@@ -508,12 +507,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="train.py's data_root: prepared token files to reuse (default: a "
                              "temporary folder, prepared there; preparing needs `datasets`)")
     parser.add_argument("--skip", default="", help="comma-separated sections to leave out on a "
-                        "GPU: compile (3.'s fresh-process compiles), documents (5.)")
+                        "GPU: compile (3.'s fresh-process compiles), training (1.'s side-by-side "
+                        "steps), documents (5.)")
     parser.add_argument("--compile-probe", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
-    if skip - {"compile", "documents"}:
-        parser.error(f"--skip={args.skip}: sections are compile, documents")
+    if skip - {"compile", "training", "documents"}:
+        parser.error(f"--skip={args.skip}: sections are compile, training, documents")
     torch.manual_seed(0)
     cuda = torch.cuda.is_available() and not args.self_test
     plan = gpu_plan(args) if cuda else toy_plan() if args.compile_only else tiny_plan()
@@ -539,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         compiles = ["compile=blocks against the whole graph: n/a (python -m bench.gpu "
                     "--compile-only)"]
     attention = attention_calls(plan)
-    train = training_table(plan, attention)
+    train = {} if cuda and "training" in skip else training_table(plan, attention)
     progress = _progress if cuda else lambda rows: None  # the self-test's output is the table
     progress({f"step {name}": row for name, row in train.items()})
     with tempfile.TemporaryDirectory() as tmp:
