@@ -188,16 +188,28 @@ async def _measure(url: str, args, local_decode) -> list[dict]:
             start = time.perf_counter()
             alone = [await _complete(session, p, args.tokens) for p in prompts[:args.alone]]
             alone_s = time.perf_counter() - start
+            counts = await _engine_counts(session)
             start = time.perf_counter()
             together = await asyncio.gather(*(_complete(session, p, args.tokens)
                                               for p in prompts))
             together_s = time.perf_counter() - start
+            counts = {k: v - counts[k] for k, v in (await _engine_counts(session)).items()}
             single = await _complete(session, overhead_prompt, args.overhead_tokens)
             local = local_decode()
             if n >= args.warmup:
                 rounds.append({"alone": alone, "alone_s": alone_s, "together": together,
-                               "together_s": together_s, "single": single, "local": local})
+                               "together_s": together_s, "engine": counts, "single": single,
+                               "local": local})
     return rounds
+
+
+async def _engine_counts(session: aiohttp.ClientSession) -> dict[str, float]:
+    """The server's ``GET /metrics`` counters (Prometheus text: ``name value`` lines)."""
+    async with session.get("/metrics") as response:
+        text = await response.text()
+    return {name.removeprefix("minigpt_"): float(value) for name, value in
+            (line.split() for line in text.splitlines() if line and not line.startswith("#"))
+            if name.endswith("_total")}
 
 
 def _local_decoder(ckpt: Path, args):
@@ -270,11 +282,34 @@ def _report(args, rounds: list[dict]) -> None:
             [t / a for t, a in zip(first_together, first_alone, strict=True)], "<=", 3.0)
     _target("one client's tokens/s, server / generate.py decode",
             [s / local for s, local in zip(single, local, strict=True)], ">=", 0.9)
+    _engine_line(args, [r["engine"] for r in rounds], [r["together_s"] for r in rounds])
     last = rounds[-1]
     equal = sum(a.text == t.text for a, t in zip(last["alone"], last["together"], strict=False))
     print(f"greedy text together == alone in {equal} of {args.alone} requests (last round); "
           f"completion tokens {sum(r.tokens for r in last['together'])} of "
           f"{args.clients * args.tokens} asked")
+
+
+def _engine_line(args, counts: list[dict], seconds: list[float]) -> None:
+    """Where the engine's time went while the clients ran together (medians over rounds): its
+    decode steps' rows and, per step, the forward, the sampling, the prompts read, and the rest
+    (the thread waiting for the interpreter lock or for work)."""
+    median = statistics.median
+    steps = [c["decode_steps_total"] or 1 for c in counts]
+
+    def per_step(key=None, values=None):
+        values = values or [c[key] for c in counts]
+        return 1e3 * median(v / n for v, n in zip(values, steps, strict=True))
+
+    busy = [c["decode_forward_seconds_total"] + c["decode_sampling_seconds_total"]
+            + c["prefill_seconds_total"] for c in counts]
+    rest = [s - b for s, b in zip(seconds, busy, strict=True)]
+    print(f"engine, {args.clients} together: {median(steps):.0f} decode steps of "
+          f"{median(c['decode_step_rows_total'] / n for c, n in zip(counts, steps, strict=True)):.1f}"
+          f" rows on average; per step {per_step(values=seconds):.2f} ms: forward "
+          f"{per_step('decode_forward_seconds_total'):.2f}, sampling "
+          f"{per_step('decode_sampling_seconds_total'):.2f}, prompts "
+          f"{per_step('prefill_seconds_total'):.2f}, the rest {per_step(values=rest):.2f}")
 
 
 def _target(name: str, ratios: list[float], sense: str, bound: float) -> None:

@@ -1,6 +1,7 @@
 """The HTTP side: ``create_app(service, ...)`` -> a FastAPI app speaking the OpenAI protocol.
 
-Routes: ``GET /`` (the chat page, ``static/index.html``), ``GET /health``, ``GET /v1/models``,
+Routes: ``GET /`` (the chat page, ``static/index.html``), ``GET /health``, ``GET /metrics`` (the
+engine's counts in Prometheus' text format), ``GET /v1/models``,
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream: true``: server-sent events,
 ``data: <json>`` per chunk then ``data: [DONE]``), and vLLM's ``/tokenize``, ``/detokenize``
 and ``/tokenizer_info``, which lm-eval's ``local-completions`` reads to tokenize as the server
@@ -21,10 +22,10 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from minigpt.serve.engine import QueueFull
+from minigpt.serve.engine import Engine, QueueFull
 from minigpt.serve.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -39,6 +40,24 @@ from minigpt.serve.streams import ChatOutput, CompletionOutput
 
 PAGE = Path(__file__).parent / "static" / "index.html"
 DISCONNECT_POLL_S = 0.5
+# GET /metrics: each of the engine's counts (``EngineStats`` field or engine property), its
+# Prometheus type and help text
+METRICS = (
+    ("running", "gauge", "Sequences decoding in the running batch."),
+    ("waiting", "gauge", "Sequences queued for a place in the batch."),
+    ("prompt_tokens", "counter", "Prompt tokens read."),
+    ("generated_tokens", "counter", "Tokens sampled (each sequence's end token included)."),
+    ("decode_steps", "counter", "Decode steps (one token for every running sequence)."),
+    ("decode_step_rows", "counter", "Rows decoded, summed over the steps."),
+    ("largest_batch", "gauge", "The most rows one decode step has held."),
+    ("cancelled", "counter", "Sequences dropped because their client went away."),
+    ("prefill_seconds", "counter", "Engine seconds reading prompts (first tokens and joins "
+     "included)."),
+    ("decode_forward_seconds", "counter", "Engine seconds in decode steps' forward passes (on a "
+     "GPU: launching them)."),
+    ("decode_sampling_seconds", "counter", "Engine seconds sampling decode steps' tokens (on a "
+     "GPU: waiting for the step too)."),
+)
 
 
 def create_app(service: Service, *, api_key: str | None = None,
@@ -60,6 +79,11 @@ def create_app(service: Service, *, api_key: str | None = None,
     async def health():
         return {"status": "ok", "running": service.engine.running,
                 "waiting": len(service.engine.waiting)}
+
+    @app.get("/metrics", dependencies=[authorized])
+    async def metrics():
+        return PlainTextResponse(metrics_text(service.engine),
+                                 media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models", dependencies=[authorized])
     async def models():
@@ -225,6 +249,19 @@ def _cancel(sequences: list[Sequence]) -> None:
     for sequence in sequences:
         if not sequence.finished:
             sequence.cancel()
+
+
+def metrics_text(engine: Engine) -> str:
+    """``METRICS`` in Prometheus' text exposition format, named ``minigpt_<count>`` (counters
+    with ``_total``)."""
+    values = {"running": engine.running, "waiting": len(engine.waiting),
+              **vars(engine.stats)}
+    lines = []
+    for count, kind, help_text in METRICS:
+        name = f"minigpt_{count}" + ("_total" if kind == "counter" else "")
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}",
+                  f"{name} {values[count]}"]
+    return "\n".join(lines) + "\n"
 
 
 def _key_check(api_key: str | None):

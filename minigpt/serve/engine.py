@@ -15,7 +15,9 @@ other rows. Logprobs are the model's, over its whole vocabulary, as scoring comp
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
@@ -29,6 +31,25 @@ MAX_ADMISSIONS_IN_A_ROW = 8  # rounds that read new prompts before the running r
 # at the same cost per row alone or batched, so small groups hand out first tokens sooner; a GPU
 # reads many rows for the price of one.
 CPU_PREFILL_TOKENS, GPU_PREFILL_TOKENS = 128, 4096
+
+
+@dataclass
+class EngineStats:
+    """Counts since start-up (``GET /metrics`` serves them). The seconds are the engine thread's
+    wall time in each part of its rounds: reading prompts (their first tokens and joins
+    included), the decode steps' forward passes and their sampling. On a GPU a forward's time
+    is the host's (launching it, or replaying its graph); the device's shows in the sampling,
+    whose read of the chosen tokens waits for it."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    decode_steps: int = 0
+    decode_step_rows: int = 0  # rows summed over the steps: the mean batch is this / steps
+    largest_batch: int = 0  # the most rows one step decoded
+    cancelled: int = 0  # sequences dropped because their client went away
+    prefill_seconds: float = 0.0
+    decode_forward_seconds: float = 0.0
+    decode_sampling_seconds: float = 0.0
 
 
 class QueueFull(Exception):
@@ -55,9 +76,7 @@ class Engine:
             steps = FixedShapeSteps(model, min(graph_rows, max_batch), capacity, capture=on_gpu)
         self.batch = RunningBatch(model, capacity, max_batch, steps)
         self.waiting: deque[Sequence] = deque()
-        self.steps = 0  # decode steps taken (for tests and logs)
-        self.largest_batch = 0  # the most rows one step decoded
-        self.cancelled = 0  # sequences dropped because their client went away
+        self.stats = EngineStats()
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -127,7 +146,10 @@ class Engine:
                 else:
                     self._drop(sequence)
         if joining:
+            start = time.perf_counter()
             self._admit(joining)
+            self.stats.prefill_seconds += time.perf_counter() - start
+            self.stats.prompt_tokens += sum(len(s.prompt) for s in joining)
         self._joining = []
         # Prompts first: requests that arrived while this one was read join before the next
         # step (their first token waits for no one's step), a few rounds at most
@@ -148,7 +170,7 @@ class Engine:
 
     def _drop(self, sequence: Sequence) -> None:
         sequence.abort()
-        self.cancelled += 1
+        self.stats.cancelled += 1
 
     def _admit(self, joining: list[Sequence]) -> None:
         """Read the new prompts (scored ones alone, at every position), sample each one's first
@@ -174,13 +196,18 @@ class Engine:
                                 if len(rows) < len(group) else cache, [group[r] for r in rows])
 
     def _step(self) -> None:
-        owners = self.batch.owners
+        owners, stats = self.batch.owners, self.stats
+        start = time.perf_counter()
         device = self.batch.cache.seen.device
         tokens = torch.tensor([[s.tokens[-1]] for s in owners], device=device)  # (B, 1)
         logits = self.batch.step(tokens)
-        self.steps += 1
-        self.largest_batch = max(self.largest_batch, len(owners))
+        stepped = time.perf_counter()
         self._sample(owners, logits)
+        stats.decode_forward_seconds += stepped - start
+        stats.decode_sampling_seconds += time.perf_counter() - stepped
+        stats.decode_steps += 1
+        stats.decode_step_rows += len(owners)
+        stats.largest_batch = max(stats.largest_batch, len(owners))
 
     def _sample(self, sequences: list[Sequence], logits: torch.Tensor) -> None:
         """Each unfinished sequence's next token from its row of ``logits`` (B, V)."""
@@ -205,6 +232,7 @@ class Engine:
             if wanted else {}
         for i, token in enumerate(chosen.tolist()):
             sequences[live[i]].accept(token, scores.get(i))
+        self.stats.generated_tokens += len(live)
 
     @staticmethod
     def _logprobs(sequences: list[Sequence], logits, chosen) -> list[TokenLogprob]:

@@ -139,7 +139,7 @@ def test_a_client_disconnecting_mid_stream_leaves_the_batch(base_server, slow_st
     prompt = long_prompt(url)
     other = {"prompt": "1+1=", "max_tokens": 30, "temperature": 0}
     expected = post(url, json=other).json()["choices"][0]["text"]
-    cancelled = engine.cancelled
+    cancelled = engine.stats.cancelled
     results = {}
     with httpx.Client(timeout=60) as client, client.stream(
             "POST", f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 60,
@@ -153,7 +153,7 @@ def test_a_client_disconnecting_mid_stream_leaves_the_batch(base_server, slow_st
     # the stream is closed mid-way: its row leaves, the other request goes on unchanged
     worker.join()
     assert results["r"].json()["choices"][0]["text"] == expected
-    assert engine.cancelled == cancelled + 1
+    assert engine.stats.cancelled == cancelled + 1
 
 
 def test_a_full_queue_is_429_with_retry_after(base_checkpoint, start_server, slow_steps):

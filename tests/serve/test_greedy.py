@@ -51,7 +51,7 @@ def test_greedy_alone_and_in_a_batch_equal_generate_py(base_checkpoint, base_ser
         together = list(pool.map(lambda a: complete(base_server_url, *a),
                                  zip(PROMPTS, LENGTHS, strict=True)))
     assert [r["choices"][0]["text"] for r in together] == expected
-    assert base_server.service.engine.largest_batch > 1  # they did decode together
+    assert base_server.service.engine.stats.largest_batch > 1  # they did decode together
     for r, n in zip(together, LENGTHS, strict=True):  # stopped by end-of-text, or full length
         assert r["usage"]["completion_tokens"] <= n
         assert (r["choices"][0]["finish_reason"] == "length") == \

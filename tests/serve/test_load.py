@@ -138,6 +138,6 @@ def test_bounded_load_completes_every_request_without_growing(start_server, chat
         assert r["usage"]["completion_tokens"] <= max_tokens, asked
         assert r["finish_reason"] == ("length" if r["usage"]["completion_tokens"] == max_tokens
                                       else "stop"), asked
-    assert server.service.engine.largest_batch > 1  # the requests did decode together
+    assert server.service.engine.stats.largest_batch > 1  # the requests did decode together
     assert after <= 1.10 * warm, (f"resident memory grew from {warm / 2**20:.0f} MiB after the "
                                   f"warm-up to {after / 2**20:.0f} MiB after {REQUESTS} requests")
