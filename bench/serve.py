@@ -305,8 +305,8 @@ def _engine_line(args, counts: list[dict], seconds: list[float]) -> None:
     busy = [c["decode_forward_seconds_total"] + c["decode_sampling_seconds_total"]
             + c["prefill_seconds_total"] for c in counts]
     rest = [s - b for s, b in zip(seconds, busy, strict=True)]
-    print(f"engine, {args.clients} together: {median(steps):.0f} decode steps of "
-          f"{median(c['decode_step_rows_total'] / n for c, n in zip(counts, steps, strict=True)):.1f}"
+    rows = median(c["decode_step_rows_total"] / n for c, n in zip(counts, steps, strict=True))
+    print(f"engine, {args.clients} together: {median(steps):.0f} decode steps of {rows:.1f}"
           f" rows on average; per step {per_step(values=seconds):.2f} ms: forward "
           f"{per_step('decode_forward_seconds_total'):.2f}, sampling "
           f"{per_step('decode_sampling_seconds_total'):.2f}, prompts "
