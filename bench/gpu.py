@@ -457,9 +457,10 @@ def report(plan: Plan, train: dict, runs: list[dict], decode: dict,
                      + ("; SAMPLES OFF" if run["warnings"] else ""))
     lines += ["", f"{'decoding new tokens/s':<24} {'ours':>11} {'transformers':>13} {'ratio':>7}"]
     for batch, row in decode.items():
+        ratio = _decode_ratio(row)
         lines.append(f"{'batch ' + str(batch):<24} {row['ours']:>11,.0f} "
                      f"{_fmt(row.get('transformers'), '>13,.0f')} "
-                     f"{_fmt(_decode_ratio(row), '>6.2f')}x")
+                     + (f"{'n/a':>7}" if ratio is None else f"{ratio:>6.2f}x"))
     bare_and_run = {**train, "train.py": runs[0]}
     mfu = train.get("ours", {}).get("mfu") if "H100" in name else None
     modern = _ratio(train, "step_ms", "ours, recipe=modern", "ours")
