@@ -145,11 +145,11 @@ class Engine:
                     joining.append(sequence)
                 else:
                     self._drop(sequence)
-        if joining:
+        if joining:  # counts before the work: a client may read them once its last token is out
+            self.stats.prompt_tokens += sum(len(s.prompt) for s in joining)
             start = time.perf_counter()
             self._admit(joining)
             self.stats.prefill_seconds += time.perf_counter() - start
-            self.stats.prompt_tokens += sum(len(s.prompt) for s in joining)
         self._joining = []
         # Prompts first: requests that arrived while this one was read join before the next
         # step (their first token waits for no one's step), a few rounds at most
@@ -202,12 +202,12 @@ class Engine:
         tokens = torch.tensor([[s.tokens[-1]] for s in owners], device=device)  # (B, 1)
         logits = self.batch.step(tokens)
         stepped = time.perf_counter()
-        self._sample(owners, logits)
         stats.decode_forward_seconds += stepped - start
-        stats.decode_sampling_seconds += time.perf_counter() - stepped
         stats.decode_steps += 1
         stats.decode_step_rows += len(owners)
         stats.largest_batch = max(stats.largest_batch, len(owners))
+        self._sample(owners, logits)
+        stats.decode_sampling_seconds += time.perf_counter() - stepped
 
     def _sample(self, sequences: list[Sequence], logits: torch.Tensor) -> None:
         """Each unfinished sequence's next token from its row of ``logits`` (B, V)."""
@@ -230,9 +230,9 @@ class Engine:
         scores = dict(zip(wanted, self._logprobs([sequences[live[i]] for i in wanted],
                                                  rows[wanted], chosen[wanted]), strict=True)) \
             if wanted else {}
+        self.stats.generated_tokens += len(live)
         for i, token in enumerate(chosen.tolist()):
             sequences[live[i]].accept(token, scores.get(i))
-        self.stats.generated_tokens += len(live)
 
     @staticmethod
     def _logprobs(sequences: list[Sequence], logits, chosen) -> list[TokenLogprob]:

@@ -1,6 +1,7 @@
 """``GET /metrics``: the engine's counts in Prometheus' text format, read by Prometheus' own
 parser and checked against what the served requests reported (their usage) and did."""
 
+import time
 from dataclasses import fields
 
 import httpx
@@ -34,7 +35,10 @@ def test_metrics_count_what_the_requests_did(base_checkpoint, start_server):
         reply = httpx.post(f"{server.url}/v1/completions", json=body, headers=auth,
                            timeout=60).json()
         usages.append((reply["usage"], reply["choices"][0]["finish_reason"]))
-    after = scrape(server.url, headers=auth)
+    deadline = time.monotonic() + 10  # a finished row leaves at the engine's next round
+    while (after := scrape(server.url, headers=auth))["minigpt_running"] and \
+            time.monotonic() < deadline:
+        time.sleep(0.01)
     assert after["minigpt_prompt_tokens_total"] == sum(u["prompt_tokens"] for u, _ in usages)
     # every sampled token: the completion's, and an end-of-text token where one ended it
     sampled = [u["completion_tokens"] + (reason == "stop") for u, reason in usages]
