@@ -73,8 +73,7 @@ def path_field(kind: str, default: Any = None, *, default_factory: Any = datacla
 
 
 def no_model_given(settings: Any, _root: Any = None) -> bool:
-    """``when`` of a ``checkpoints_root`` field: neither ``ckpt_path`` nor ``pretrained`` is
-    given."""
+    """``when`` of a ``checkpoints_root`` field: neither ``ckpt_path`` nor ``pretrained`` set."""
     return settings.ckpt_path is None and settings.pretrained is None
 
 
@@ -160,8 +159,7 @@ def _line(key: str, text: str, problem: str) -> str:
 
 
 def value_problems(key: str, value: Any, role: PathRole) -> list[str]:
-    """The lines for one field's value (a path, a list of them, ``@file`` text), as ``role``
-    reads it."""
+    """The lines for one field's value (a path, a list of them, ``@file`` text) read as ``role``."""
     if isinstance(value, (list, tuple)):
         return [line for i, item in enumerate(value)
                 for line in value_problems(f"{key}[{i}]", item, role)]

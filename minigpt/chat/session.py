@@ -36,25 +36,28 @@ class Reply:
 
 class TextStream:
     """Text of a growing token sequence, handed out as soon as it is complete: a BPE token can
-    end inside a multi-byte character, whose text then waits for the next token."""
+    end inside a multi-byte character, whose text then waits for the next token. Each call
+    decodes the tokens since the last text handed out and the piece before them (context for
+    a tokenizer that spaces a token by its neighbour), not the whole sequence."""
 
     def __init__(self, decode: Callable[[list[int]], str]):
         self.decode = decode
         self.ids: list[int] = []
-        self.sent = 0  # characters handed out so far
+        self._start = self._sent = 0  # ids[_start:_sent]: the piece before, already handed out
 
     def push(self, token: int) -> str:
         """Add a token; return the new complete text ("" while a character is unfinished)."""
         self.ids.append(token)
-        text = self.decode(self.ids)
+        text = self.decode(self.ids[self._start:])
         return "" if text.endswith("\ufffd") else self._new(text)
 
     def flush(self) -> str:
         """The rest of the text, an unfinished character included (as the replacement sign)."""
-        return self._new(self.decode(self.ids))
+        return self._new(self.decode(self.ids[self._start:]))
 
     def _new(self, text: str) -> str:
-        new, self.sent = text[self.sent:], len(text)
+        new = text[len(self.decode(self.ids[self._start:self._sent])):]
+        self._start, self._sent = self._sent, len(self.ids)
         return new
 
 

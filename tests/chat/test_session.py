@@ -135,6 +135,34 @@ def test_text_stream_waits_for_whole_characters():
     assert "" in pieces  # the emoji's bytes span tokens: nothing until the last of them
 
 
+def test_text_stream_equals_decoding_the_whole_sequence_each_time():
+    """Oracle: the text handed out as if every push decoded the whole sequence so far, on
+    random GPT-2 tokens (many end inside a character, some bytes are never valid UTF-8) and
+    characters; each call decodes a few tokens, not the sequence."""
+    import random
+
+    from minigpt.tokenizer import CharTokenizer, get_tokenizer
+
+    rng = random.Random(0)
+    gpt2 = get_tokenizer("gpt2")
+    byte_tokens = [t for t in range(gpt2.eot_id) if "\ufffd" in gpt2.decode([t])]
+    cases = [(gpt2, [rng.choice([rng.randrange(gpt2.eot_id), rng.choice(byte_tokens)])
+                     for _ in range(600)]),
+             (gpt2, gpt2.encode("naïve café, 東京 and 😀 " * 40)),
+             (CharTokenizer("ab\n "), [rng.randrange(4) for _ in range(300)])]
+    windows = []  # the length of every part a stream decodes
+    for tokenizer, ids in cases:
+        stream = TextStream(lambda part, d=tokenizer.decode: windows.append(len(part)) or d(part))
+        sent = 0
+        for n in range(1, len(ids) + 1):
+            whole = tokenizer.decode(ids[:n])
+            expected = "" if whole.endswith("\ufffd") else whole[sent:]
+            sent = sent if whole.endswith("\ufffd") else len(whole)
+            assert stream.push(ids[n - 1]) == expected, n
+        assert stream.flush() == tokenizer.decode(ids)[sent:]
+        assert max(windows) <= 12  # the tokens since the last text and the piece before
+
+
 def test_sampling_settings_are_checked():
     model = tiny_chat_model()
     with pytest.raises(ValueError, match="temperature=-1"):
