@@ -13,10 +13,23 @@ captured graphs: ``minigpt.serve.graphs``) takes rows in place too (``load``) an
 from __future__ import annotations
 
 import copy
+from typing import NamedTuple
 
 import torch
+from torch import Tensor
 
 from minigpt.kv_cache import KVCache, LayerCache
+
+
+class FullBuffers(NamedTuple):
+    """A ``BatchCache``'s buffers for all its rows; the fields of the same names view the rows
+    in use."""
+
+    keys: list[Tensor]
+    values: list[Tensor]
+    padding: Tensor
+    visible: Tensor
+    next_position: Tensor
 
 
 class BatchCache(KVCache):
@@ -25,24 +38,25 @@ class BatchCache(KVCache):
 
     def __init__(self, batch_size: int, *args, **kwargs):
         super().__init__(batch_size, *args, **kwargs)
-        self._buffers = (self.keys, self.values, self.padding, self.visible, self.next_position)
+        self.full = FullBuffers(self.keys, self.values, self.padding, self.visible,
+                                self.next_position)
         if self.sliced:
             self._use_rows(0)
 
     @property
     def max_rows(self) -> int:
-        return len(self._buffers[2])
+        return len(self.full.padding)
 
     @property
     def nbytes(self) -> int:
         """Bytes of the key and value buffers: every row's, in use or not."""
-        return sum(t.nbytes for t in self._buffers[0] + self._buffers[1])
+        return sum(t.nbytes for t in self.full.keys + self.full.values)
 
     def _use_rows(self, count: int) -> None:
         """Make the first ``count`` rows of the buffers the rows in use (views)."""
         if count > self.max_rows:
             raise ValueError(f"a serving cache of {self.max_rows} rows cannot hold {count}")
-        keys, values, padding, visible, next_position = self._buffers
+        keys, values, padding, visible, next_position = self.full
         self.keys, self.values = [k[:count] for k in keys], [v[:count] for v in values]
         self.padding, self.visible = padding[:count], visible[:count]
         self.next_position = next_position[:count]

@@ -32,7 +32,7 @@ def test_rows_joining_and_leaving_match_each_sequence_alone(fixed):
     batch = RunningBatch(model, capacity=24, max_rows=5, fixed_steps=None if fixed is None else
                          FixedShapeSteps(model, 4, 24, capture=fixed == "cuda-graphs",
                                          slot_bucket=8))
-    for buffer in batch.cache._buffers[0] + batch.cache._buffers[1]:
+    for buffer in batch.cache.full.keys + batch.cache.full.values:
         buffer.fill_(float("nan"))  # what a slot never written holds must never be read
     g = torch.Generator().manual_seed(0)
     prompt = lambda n: torch.randint(0, 40, (n,), generator=g).tolist()  # noqa: E731
@@ -112,7 +112,7 @@ def test_random_joins_leaves_and_steps_match_each_sequence_alone(seed):
     rnd = random.Random(seed)
     for _ in range(40):
         batch = RunningBatch(model, capacity=32, max_rows=6)
-        for buffer in batch.cache._buffers[0] + batch.cache._buffers[1]:
+        for buffer in batch.cache.full.keys + batch.cache.full.values:
             buffer.fill_(float("nan"))
         seqs = []
         for _ in range(30):
