@@ -45,6 +45,7 @@ from pathlib import Path
 
 import aiohttp
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from minigpt.devices import check_device, inference_dtype
 
@@ -205,12 +206,12 @@ async def _measure(url: str, args, local_decode) -> list[dict]:
 
 
 async def _engine_counts(session: aiohttp.ClientSession) -> dict[str, float]:
-    """The server's ``GET /metrics`` counters (Prometheus text: ``name value`` lines)."""
+    """The server's ``GET /metrics`` counters, read with Prometheus' own parser."""
     async with session.get("/metrics") as response:
         text = await response.text()
-    return {name.removeprefix("minigpt_"): float(value) for name, value in
-            (line.split() for line in text.splitlines() if line and not line.startswith("#"))
-            if name.endswith("_total")}
+    return {sample.name.removeprefix("minigpt_"): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples
+            if sample.name.endswith("_total")}
 
 
 def _local_decoder(ckpt: Path, args):

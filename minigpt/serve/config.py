@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from minigpt.config import settings_problems
 from minigpt.devices import DTYPES
 from minigpt.field_rules import OneOf, Range, Satisfies
 from minigpt.paths import INPUT_DIR, INPUT_FILE_OR_DIR, NO_MODEL, no_model_given, path_field
@@ -53,12 +52,6 @@ SERVE_RULES = {
     "model_name": Satisfies(lambda n: n is None or isinstance(n, str) and bool(n.strip()),
                             "a name, or null for the checkpoint's file name"),
 }
-
-
-def serve_problems(settings: ServeSchema) -> list[str]:
-    """Every bad value of a serve config, one phrase each (``settings_problems`` with
-    ``SERVE_RULES``)."""
-    return settings_problems(settings, SERVE_RULES)
 
 
 def register_serve_schema() -> None:

@@ -19,10 +19,11 @@ import sys
 import threading
 from pathlib import Path
 
+from minigpt.config import settings_problems
 from minigpt.cpu import keep_freed_host_memory
 from minigpt.errors import ConfigError, UserError
 from minigpt.paths import check_paths
-from minigpt.serve.config import ServeSchema, is_loopback, serve_problems
+from minigpt.serve.config import SERVE_RULES, ServeSchema, is_loopback
 from minigpt.serve.engine import Engine
 from minigpt.serve.service import Service
 
@@ -37,7 +38,7 @@ def api_key_of(settings: ServeSchema) -> str | None:
 
 def check_settings(settings: ServeSchema) -> None:
     """Every bad value at once, and the refusal to serve beyond loopback without a key."""
-    problems = serve_problems(settings)
+    problems = settings_problems(settings, SERVE_RULES)
     if not problems and not is_loopback(settings.host) and api_key_of(settings) is None:
         problems.append(f"host={settings.host} serves beyond this machine, so it needs an API "
                         f"key: set api_key=... or {API_KEY_ENV}, or bind host=127.0.0.1")
