@@ -3,7 +3,7 @@
     python -m bench.serve                     # toy model shape on the CPU, 16 clients, a minute or two
     python -m bench.serve --model gpt2_small --clients 64   # on a GPU (--device auto)
     python -m bench.serve --self-test         # a tiny model, seconds (tests/test_bench_serve.py)
-    python -m bench.serve --set cuda_graph_rows=64 --set stream_interval=0.05   # server settings
+    python -m bench.serve --set cuda_graph_rows=8 --set stream_interval=0.05   # server settings
 
 A model of ``configs/model/<--model>.yaml``'s shape with random weights (seeded; the character
 tokenizer for ``toy``, GPT-2's otherwise) is written to a temporary checkpoint and served by a
@@ -345,7 +345,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--start-timeout", type=float, default=300.0)
     parser.add_argument("--request-timeout", type=float, default=600.0)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a server setting (configs/serve.yaml), e.g. cuda_graph_rows=64; "
+                        help="a server setting (configs/serve.yaml), e.g. cuda_graph_rows=8; "
                         "repeatable")
     parser.add_argument("--self-test", action="store_true",
                         help="a tiny model, 4 clients x 8 tokens, one round: checks the bench runs")

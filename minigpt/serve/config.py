@@ -29,7 +29,8 @@ class ServeSchema:
     device: str = "auto"
     dtype: str = "auto"
     cpu_speedups: Any = "auto"  # generate.py's CPU weight layouts (minigpt.cpu); false: plain
-    cuda_graph_rows: int = 8  # on a GPU, steps of up to this many rows replay CUDA graphs; 0: none
+    cuda_graph_rows: int | None = None  # on a GPU, steps of up to this many rows replay CUDA
+    # graphs; null: every batch up to max_batch; 0: none
     max_batch: int = 16  # requests decoded together
     max_queue: int = 64  # requests waiting for a row; more get 429
     max_tokens: int = 4096  # the most new tokens one request may ask for

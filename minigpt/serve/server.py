@@ -6,8 +6,9 @@ placed as generate.py places its eager decoder. Uvicorn serves until SIGTERM or 
 accepting, lets the requests in flight finish for ``shutdown_timeout`` seconds, cancels the rest,
 and the process exits 0.
 
-On a GPU the engine's decode steps of up to ``cuda_graph_rows`` rows replay CUDA graphs captured
-at start-up (``minigpt.serve.graphs``); larger batches and prompts run eagerly.
+On a GPU the engine's decode steps of up to ``cuda_graph_rows`` rows (null: ``max_batch``) replay
+CUDA graphs captured at start-up (``minigpt.serve.graphs``); larger batches and prompts run
+eagerly.
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ def check_address(host: str, port: int) -> None:
                         "listens there, or bind a host of this machine (127.0.0.1)") from None
 
 
+def graph_rows(settings: ServeSchema, device: str) -> int:
+    """The most rows a decode step replays from CUDA graphs on ``device`` (0: none, off a GPU)."""
+    if not device.startswith("cuda"):
+        return 0
+    return settings.max_batch if settings.cuda_graph_rows is None else settings.cuda_graph_rows
+
+
 def load_service(settings: ServeSchema) -> Service:
     """The model of ``settings`` loaded, placed and wrapped with its engine (not started)."""
     from minigpt.inference import load_for_inference
@@ -81,8 +89,7 @@ def load_service(settings: ServeSchema) -> Service:
     if applied and keep_freed_host_memory():  # prompts and steps make and free the same tensors
         applied.append("glibc keeps freed memory")
     engine = Engine(model, max_batch=settings.max_batch, max_queue=settings.max_queue,
-                    graph_rows=settings.cuda_graph_rows if loaded.device.startswith("cuda")
-                    else 0)
+                    graph_rows=graph_rows(settings, loaded.device))
     name = settings.model_name or Path(loaded.source).name
     service = Service(model, loaded.tokenizer, engine, name=name,
                       template=loaded.chat_template, max_tokens=settings.max_tokens)
@@ -98,7 +105,7 @@ def _steps_note(engine: Engine) -> str:
     if steps is None or not steps.graphs:
         return ""
     return (f", decode steps of up to {steps.max_rows} rows from CUDA graphs "
-            f"({len(steps.graphs)} captured)")
+            f"({len(steps.graphs)} captured over a {steps.cache.nbytes / 2**20:,.0f} MiB copy)")
 
 
 def run(settings: ServeSchema) -> None:

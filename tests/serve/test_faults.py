@@ -17,7 +17,7 @@ from chat_helpers import ROOT
 from minigpt.errors import ConfigError, UserError
 from minigpt.serve.batch import RunningBatch
 from minigpt.serve.config import ServeSchema
-from minigpt.serve.server import check_address, check_settings
+from minigpt.serve.server import check_address, check_settings, graph_rows
 
 
 def post(url, path="/v1/completions", **kwargs):
@@ -94,6 +94,15 @@ def test_binding_beyond_loopback_needs_a_key(base_checkpoint, monkeypatch):
     with pytest.raises(ConfigError, match="host=0.0.0.0 .* needs an API key"):
         check_settings(ServeSchema(ckpt_path=ckpt, host="0.0.0.0"))
     check_settings(ServeSchema(ckpt_path=ckpt, host="0.0.0.0", api_key="k"))
+
+
+def test_cuda_graph_rows_default_to_the_whole_batch_on_a_gpu_only():
+    assert graph_rows(ServeSchema(max_batch=48), "cuda") == 48  # null: up to max_batch
+    assert graph_rows(ServeSchema(max_batch=48, cuda_graph_rows=8), "cuda:1") == 8
+    assert graph_rows(ServeSchema(max_batch=48, cuda_graph_rows=0), "cuda") == 0
+    assert graph_rows(ServeSchema(max_batch=48), "cpu") == 0
+    with pytest.raises(ConfigError, match="cuda_graph_rows=-1 must be an integer >= 0"):
+        check_settings(ServeSchema(ckpt_path="x.ckpt", cuda_graph_rows=-1))
 
 
 def test_an_address_in_use_or_unknown_host_is_refused_before_loading():
