@@ -29,3 +29,19 @@ def test_self_test_prints_the_table_and_a_line_per_target(capsys):
     # 4 requests of 8 tokens decoding together: 7 steps after their first tokens, 1-4 rows each
     assert engine and int(engine[1]) >= 7 and 1 <= float(engine[2]) <= 4, lines[-2]
     assert lines[-1].startswith("greedy text together == alone in 4 of 4 requests")
+
+
+def test_the_first_token_floor_searches_every_grouping(capsys):
+    from bench import serve_floor
+
+    # three requests at once, a pass over k prompts costing 1, 1.5, 2 ms: two then one puts the
+    # median at 1.5 ms (all three: 2; one then two: 2.5; one by one: 2)
+    assert serve_floor.best_schedule([0, 0, 0], [1, 1.5, 2], 0) == (1.5, [2, 1])
+    # the third arrives late: waiting for it costs more than reading it alone afterwards
+    assert serve_floor.best_schedule([0, 0, 5], [1, 1.5, 2], 0.5) == (2.0, [2, 1])
+    serve_floor.main(["--clients", "3", "--warmup", "0", "--repeats", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "ms to read k of bench.serve's prompts in one pass, k = 1 .. 3:" in lines[0]
+    assert all(re.fullmatch(r"3 arriving .*: best p50 first token [\d.]+ ms = [\d.]+x alone "
+                            r"\(prompts read in groups of \[[\d, ]+\]\)", line)
+               for line in lines[1:])
