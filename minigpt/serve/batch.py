@@ -6,9 +6,9 @@ and the rows of that prefill cache are copied into the running cache's next rows
 their tokens ending where the running rows' do. A request leaves by dropping its row. Every step
 feeds each row its last token through ``GPT.forward`` with the cache: the one decode path, each
 row at its own position, padding never attended to, so a row's tokens do not depend on the others
-(up to the rounding of a larger matrix product). With ``FixedShapeSteps``
-(``minigpt.serve.graphs``) the steps between two changes of the rows run on its fixed-shape copy
-(CUDA graphs on a GPU).
+(up to the rounding of a larger matrix product). With ``graph_rows``, the steps of up to that many
+rows between two changes of the rows run on fixed shapes over the same buffers
+(``minigpt.serve.graphs``: CUDA graphs on a GPU).
 
 Shape letters: B rows, T prompt tokens, V vocabulary.
 """
@@ -20,17 +20,24 @@ from torch import Tensor
 
 from minigpt.sampling import pad_prompts
 from minigpt.serve.cache import BatchCache
+from minigpt.serve.graphs import SLOT_BUCKET, FixedShapeSteps
 
 
 class RunningBatch:
     """The KV cache of up to ``max_rows`` running rows of ``model`` (``capacity`` tokens each)
-    and, per row, its owner (any object; ``owners``)."""
+    and, per row, its owner (any object; ``owners``). ``graph_rows`` > 0: steps of up to that
+    many rows run on ``FixedShapeSteps`` (``capture``: from CUDA graphs; ``slot_bucket``: its
+    views' slot counts)."""
 
-    def __init__(self, model, capacity: int, max_rows: int, fixed_steps=None):
-        self.model, self.fixed_steps = model, fixed_steps
+    def __init__(self, model, capacity: int, max_rows: int, *, graph_rows: int = 0,
+                 capture: bool = False, slot_bucket: int = SLOT_BUCKET):
+        self.model = model
         self.owners: list = []
         self.cache = model.new_kv_cache(max_rows, capacity, cache_class=BatchCache)
-        self._in_fixed = False  # the rows live in ``fixed_steps``' copy (``cache`` is stale)
+        self.fixed_steps = None if graph_rows <= 0 else FixedShapeSteps(
+            model, self.cache, min(graph_rows, max_rows), capture=capture,
+            slot_bucket=slot_bucket)
+        self._in_fixed = False  # the stream is the fixed steps' (``cache``'s count is stale)
 
     def __len__(self) -> int:
         return len(self.owners)
@@ -61,7 +68,6 @@ class RunningBatch:
         """Keep only ``rows`` (indices, in order); the others leave the batch."""
         if len(rows) == len(self.owners):
             return
-        self._in_fixed = self._in_fixed and bool(rows)  # no row left: nothing to take back
         self._take_back()
         self.cache.keep_rows(rows)
         self.owners = [self.owners[r] for r in rows]
@@ -81,7 +87,7 @@ class RunningBatch:
         return fixed.step(tokens)
 
     def _take_back(self) -> None:
-        """The rows' cache from ``fixed_steps``' copy, where the last steps ran."""
+        """The stream back from ``fixed_steps``, where the last steps ran."""
         if self._in_fixed:
-            self.cache.load(self.fixed_steps.cache, len(self.owners))
+            self.cache.restart_stream(self.fixed_steps.length)
             self._in_fixed = False

@@ -5,9 +5,9 @@ first rows, so rows join (``append_rows``, the rows of a prefill cache) and leav
 by copying their cached tokens within the buffers, never the whole capacity. The rows' streams
 end together: a row that joins has the slots before its tokens as padding; the slots every row has
 as padding are dropped when rows join and when the stream reaches the capacity
-(``drop_leading_padding``), so positions never change. A fixed-shape cache (``sliced=False``, for
-captured graphs: ``minigpt.serve.graphs``) takes rows in place too (``load``) and lends
-``view``s of its first rows and slots.
+(``drop_leading_padding``), so positions never change. ``fixed_shape`` gives a fixed-shape cache
+(``sliced=False``, for captured graphs: ``minigpt.serve.graphs``) over the same buffers, which
+lends ``view``s of its first rows and slots.
 """
 
 from __future__ import annotations
@@ -76,25 +76,35 @@ class BatchCache(KVCache):
         other.layers = [LayerCache(other, i) for i in range(len(self.keys))]
         return other
 
-    def load(self, other: BatchCache, rows: int) -> None:
-        """Copy the first ``rows`` rows of ``other`` (a ``BatchCache``, sliced or fixed-shape,
-        with at most this one's rows and capacity) and their tokens into this cache's first
-        rows, in place (a captured graph's buffers keep their addresses). A fixed-shape cache's
-        rows after them hold padding; a sliced one uses ``rows`` rows."""
-        n = int(other.seen)  # fixed-shape steps advance it on the device only
-        if self.ring or other.ring or n > self.capacity or rows > self.max_rows:
-            raise ValueError(f"a cache of {self.max_rows} rows x {self.capacity} slots cannot "
-                             f"load {rows} rows of {n} tokens")
-        if self.sliced:
-            self._use_rows(rows)
-        for mine, theirs in zip(self.keys + self.values, other.keys + other.values, strict=True):
-            mine[:rows, :, :n].copy_(theirs[:rows, :, :n])
-        self.padding[:rows, :n].copy_(other.padding[:rows, :n])
+    def fixed_shape(self, rows: int) -> BatchCache:
+        """A fixed-shape cache (``sliced=False``) over the first ``rows`` rows of this sliced
+        cache's buffers and its stream's slots, sharing them: fixed-shape steps write where this
+        cache reads, so rows pass between the two without a copy (``continue_from``,
+        ``restart_stream``). Its keys and values start as zeros: a fixed-shape step weighs every
+        slot of its view, the masked ones by 0, so none may hold a NaN."""
+        if not self.sliced or self.ring or rows > self.max_rows:
+            raise ValueError(f"a fixed-shape cache of {rows} rows needs a sliced cache of at "
+                             f"least as many rows without a ring (this one: {self.max_rows})")
+        other = copy.copy(self)  # the stream's slot_pos, seen and slot: the same tensors
+        other.sliced = False
+        keys, values, padding, visible, next_position = self.full
+        other.full = FullBuffers([k[:rows] for k in keys], [v[:rows] for v in values],
+                                 padding[:rows], visible[:rows], next_position[:rows])
+        other.keys, other.values, other.padding, other.visible, other.next_position = other.full
+        other.layers = [LayerCache(other, i) for i in range(len(other.keys))]
+        for buffer in other.keys + other.values:
+            buffer.zero_()
+        return other
+
+    def continue_from(self, cache: BatchCache) -> None:
+        """Take up the stream of the sliced ``cache`` whose buffers this fixed-shape cache
+        shares (``fixed_shape``): its rows in use, then spare rows of padding that attend only
+        to the tokens they are fed."""
+        rows, n = len(cache.padding), cache.length
         self.padding[:rows, n:] = False
-        self.padding[rows:] = True  # spare rows attend only to the tokens they are fed
-        self.next_position[:rows].copy_(other.next_position[:rows])
+        self.padding[rows:] = True
         self.next_position[rows:] = 0
-        self._restart_stream(n)
+        self.restart_stream(n)
 
     def keep_rows(self, rows: list[int]) -> None:
         """Keep only ``rows`` (indices of the rows in use, in order), moved to the front."""
@@ -123,7 +133,7 @@ class BatchCache(KVCache):
         lead = self.leading_padding()
         if lead > 0:
             self._move_tokens(lead, 0, self.length - lead)
-            self._restart_stream(self.length - lead)
+            self.restart_stream(self.length - lead)
 
     def append_rows(self, other: KVCache) -> None:
         """Add ``other``'s rows (a prefill of new prompts, each at its own positions) after the
@@ -146,7 +156,7 @@ class BatchCache(KVCache):
         self.padding[B:, start:length] = other.padding[:, :n]
         self.padding[B:, length:] = False
         self.next_position[B:] = other.next_position
-        self._restart_stream(length)
+        self.restart_stream(length)
 
     def _move_tokens(self, start: int, to: int, count: int) -> None:
         """Move slots ``start .. start + count`` of the rows in use to ``to .. to + count``; the
@@ -161,8 +171,9 @@ class BatchCache(KVCache):
         self.padding[:, to:to + count] = moved
         self.padding[:, to + count:] = False
 
-    def _restart_stream(self, length: int) -> None:
-        """The stream holds slots ``0 .. length`` of every row, in order."""
+    def restart_stream(self, length: int) -> None:
+        """The stream holds slots ``0 .. length`` of every row, in order (also: take up the
+        stream after the fixed-shape steps of a cache sharing these buffers)."""
         self.slot_pos.fill_(-1)
         self.slot_pos[:length] = torch.arange(length, device=self.slot_pos.device)
         self.seen.fill_(length)

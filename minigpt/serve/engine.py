@@ -23,7 +23,6 @@ import torch
 
 from minigpt.sampling import sample_next
 from minigpt.serve.batch import RunningBatch
-from minigpt.serve.graphs import FixedShapeSteps
 from minigpt.serve.sequence import Sequence, TokenLogprob, token_logprobs
 
 MAX_ADMISSIONS_IN_A_ROW = 8  # rounds that read new prompts before the running rows step
@@ -61,7 +60,8 @@ class Engine:
     thread: ``start``, ``submit``, ``stop``. ``capacity``: the tokens a row may hold (the
     context); ``prefill_tokens``: the most prompt tokens read in one forward pass (None: the
     device's default); ``graph_rows``: steps of at most that many rows run on fixed shapes
-    (``minigpt.serve.graphs``), replayed from CUDA graphs on a GPU, eagerly elsewhere (0: none)."""
+    over the batch's cache (``minigpt.serve.graphs``), replayed from CUDA graphs on a GPU,
+    eagerly elsewhere (0: none)."""
 
     def __init__(self, model, *, max_batch: int = 16, max_queue: int = 64,
                  capacity: int | None = None, prefill_tokens: int | None = None,
@@ -70,11 +70,8 @@ class Engine:
         on_gpu = model.tok_emb.weight.device.type == "cuda"
         self.prefill_tokens = prefill_tokens or (GPU_PREFILL_TOKENS if on_gpu else
                                                  CPU_PREFILL_TOKENS)
-        capacity = capacity or model.kv_cache_capacity()
-        steps = None
-        if graph_rows > 0:
-            steps = FixedShapeSteps(model, min(graph_rows, max_batch), capacity, capture=on_gpu)
-        self.batch = RunningBatch(model, capacity, max_batch, steps)
+        self.batch = RunningBatch(model, capacity or model.kv_cache_capacity(), max_batch,
+                                  graph_rows=graph_rows, capture=on_gpu)
         self.waiting: deque[Sequence] = deque()
         self.stats = EngineStats()
         self._wake = threading.Condition()

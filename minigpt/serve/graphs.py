@@ -1,15 +1,16 @@
 """The running batch's decode step on fixed shapes, replayed from CUDA graphs on a GPU.
 
 An eager step launches a few hundred small kernels, each from Python; on a GPU that launching,
-not the arithmetic, bounds a small batch. ``FixedShapeSteps`` keeps one fixed-shape KV cache
-(``minigpt.serve.cache``, ``sliced=False``) of ``max_rows`` rows and the whole context and, for each
-pair of a row count in ``bucket_sizes(max_rows)`` and a slot count in multiples of
-``SLOT_BUCKET``, a view of its first rows and slots and, on a GPU, a CUDA graph of
-``GPT.forward`` over that view (``torch.cuda.CUDAGraph``, captured once at start-up). A step of B
-rows holding L tokens runs the smallest view with at least B rows and L + 1 slots: the spare
-rows decode padding nobody reads, and attention reads the slots in use, not the context.
-The rows enter with ``load`` (a copy of the running batch's sliced cache) and go back with the
-running cache's ``load``, so rows join and leave on the eager cache.
+not the arithmetic, bounds a small batch. ``FixedShapeSteps`` takes a fixed-shape cache over the
+running batch's own KV cache buffers (``BatchCache.fixed_shape``: its first ``max_rows`` rows,
+the whole context, nothing copied) and, for each pair of a row count in
+``bucket_sizes(max_rows)`` and a slot count in multiples of ``SLOT_BUCKET``, a view of its first
+rows and slots and, on a GPU, a CUDA graph of ``GPT.forward`` over that view
+(``torch.cuda.CUDAGraph``, captured once at start-up). A step of B rows holding L tokens runs the
+smallest view with at least B rows and L + 1 slots: the spare rows decode padding nobody reads,
+and attention reads the slots in use, not the context. The rows' stream passes to the fixed
+shapes with ``load`` and back with the running cache's ``restart_stream``; rows join and leave on
+the running cache.
 """
 
 from __future__ import annotations
@@ -32,28 +33,31 @@ def bucket_sizes(max_rows: int) -> list[int]:
 
 
 class FixedShapeSteps:
-    """One-token steps of ``model`` (placed, eval mode) for up to ``max_rows`` rows over a
-    fixed-shape cache of ``capacity`` tokens a row. ``capture``: record a CUDA graph per view
-    (a GPU only); else each step runs the same forward eagerly (the tests' reference).
-    ``slot_bucket``: the views' slot counts are its multiples (and the capacity)."""
+    """One-token steps of ``model`` (placed, eval mode) for up to ``max_rows`` rows of the
+    running batch's sliced ``cache`` (a ``BatchCache``), on fixed shapes over its buffers.
+    ``capture``: record a CUDA graph per view (a GPU only); else each step runs the same forward
+    eagerly (the tests' reference). ``slot_bucket``: the views' slot counts are its multiples
+    (and the capacity)."""
 
-    def __init__(self, model, max_rows: int, capacity: int, *, capture: bool,
+    def __init__(self, model, cache: BatchCache, max_rows: int, *, capture: bool,
                  slot_bucket: int = SLOT_BUCKET):
         self.model, self.max_rows = model, max_rows
-        self.cache = model.new_kv_cache(max_rows, capacity, sliced=False, cache_class=BatchCache)
-        self.tokens = torch.zeros(max_rows, 1, dtype=torch.long, device=self.cache.seen.device)
+        self.cache = cache.fixed_shape(max_rows)
+        self.tokens = torch.zeros(max_rows, 1, dtype=torch.long, device=cache.seen.device)
         self.sizes = bucket_sizes(max_rows)
+        capacity = cache.capacity
         self.slot_sizes = [*range(slot_bucket, capacity, slot_bucket), capacity]
         self.views = {(rows, slots): self.cache.view(rows, slots)
                       for rows in self.sizes for slots in self.slot_sizes}
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
-        self.length = 0  # tokens in the cache
+        self.length = 0  # tokens in the stream
         if capture:
             self._capture()
 
-    def load(self, cache) -> None:
-        """Take the rows of the running batch's sliced ``cache`` (copied in)."""
-        self.cache.load(cache, len(cache.padding))
+    def load(self, cache: BatchCache) -> None:
+        """Take up the stream of the running batch's sliced ``cache`` (the one given at
+        construction): its rows in use step here until it ``restart_stream``s."""
+        self.cache.continue_from(cache)
         self.length = cache.length
 
     def step(self, tokens: Tensor) -> Tensor:
@@ -77,7 +81,8 @@ class FixedShapeSteps:
     @torch.inference_mode()
     def _capture(self) -> None:
         """Warm every view up on a side stream (as CUDA graph capture requires), then capture
-        each, largest first, in one memory pool; the cache is emptied afterwards."""
+        each, largest first, in one memory pool; the cache is emptied afterwards (at start-up,
+        before any row joins)."""
         shapes = sorted(self.views, reverse=True)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())

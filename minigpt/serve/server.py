@@ -105,7 +105,7 @@ def _steps_note(engine: Engine) -> str:
     if steps is None or not steps.graphs:
         return ""
     return (f", decode steps of up to {steps.max_rows} rows from CUDA graphs "
-            f"({len(steps.graphs)} captured over a {steps.cache.nbytes / 2**20:,.0f} MiB copy)")
+            f"({len(steps.graphs)} captured)")
 
 
 def run(settings: ServeSchema) -> None:

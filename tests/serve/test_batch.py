@@ -8,7 +8,7 @@ import torch
 from chat_helpers import tiny_chat_model
 
 from minigpt.serve.batch import RunningBatch
-from minigpt.serve.graphs import FixedShapeSteps, bucket_sizes
+from minigpt.serve.graphs import bucket_sizes
 
 
 def alone(model, ids):
@@ -23,17 +23,22 @@ CUDA_GRAPHS = pytest.param("cuda-graphs", marks=pytest.mark.skipif(
 @pytest.mark.parametrize("fixed", [None, "eager", CUDA_GRAPHS])
 @torch.inference_mode()
 def test_rows_joining_and_leaving_match_each_sequence_alone(fixed):
-    """``fixed``: the steps run on ``FixedShapeSteps``' fixed-shape copy of the cache, replayed
+    """``fixed``: the steps run on ``FixedShapeSteps`` over the cache's own buffers, replayed
     from CUDA graphs or run eagerly, with 4 rows at most (a 5th row's steps run sliced) and
     views of 8, 16 and 24 slots."""
     model = tiny_chat_model(context_length=24, seed=3)
     if fixed == "cuda-graphs":
         model.cuda()
-    batch = RunningBatch(model, capacity=24, max_rows=5, fixed_steps=None if fixed is None else
-                         FixedShapeSteps(model, 4, 24, capture=fixed == "cuda-graphs",
-                                         slot_bucket=8))
+    batch = RunningBatch(model, capacity=24, max_rows=5, graph_rows=0 if fixed is None else 4,
+                         capture=fixed == "cuda-graphs", slot_bucket=8)
+    # what a slot never written holds must never be read (sliced steps), or weigh nothing
+    # (fixed shapes weigh every slot of a view, masked ones by 0: finite, then)
     for buffer in batch.cache.full.keys + batch.cache.full.values:
-        buffer.fill_(float("nan"))  # what a slot never written holds must never be read
+        buffer.fill_(float("nan") if fixed is None else 1e4)
+    batch.cache.full.next_position.fill_(23)  # and a spare row must not run past the context
+    if fixed:  # the fixed shapes hold no copy of the cache
+        for theirs, ours in zip(batch.fixed_steps.cache.keys, batch.cache.full.keys, strict=True):
+            assert theirs.data_ptr() == ours.data_ptr() and theirs.shape[0] == 4
     g = torch.Generator().manual_seed(0)
     prompt = lambda n: torch.randint(0, 40, (n,), generator=g).tolist()  # noqa: E731
     seqs = []  # each row's tokens so far, in batch order
