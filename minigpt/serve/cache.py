@@ -98,13 +98,10 @@ class BatchCache(KVCache):
 
     def continue_from(self, cache: BatchCache) -> None:
         """Take up the stream of the sliced ``cache`` whose buffers this fixed-shape cache
-        shares (``fixed_shape``): its rows in use, then spare rows of padding that attend only
-        to the tokens they are fed."""
-        rows, n = len(cache.padding), cache.length
-        self.padding[:rows, n:] = False
-        self.padding[rows:] = True
-        self.next_position[rows:] = 0
-        self.restart_stream(n)
+        shares (``fixed_shape``): its rows in use, then spare rows, whose outputs nobody reads,
+        from position 0 (a stale position would run past the context)."""
+        self.next_position[len(cache.padding):] = 0
+        self.restart_stream(cache.length)
 
     def keep_rows(self, rows: list[int]) -> None:
         """Keep only ``rows`` (indices of the rows in use, in order), moved to the front."""

@@ -107,18 +107,21 @@ def test_scored_prefill_gives_every_position():
     torch.testing.assert_close(logits[0], model(torch.tensor([ids]))[0], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed,graph_rows", [(0, 0), (1, 0), (2, 0), (3, 0), (0, 4), (1, 4)])
 @torch.inference_mode()
-def test_random_joins_leaves_and_steps_match_each_sequence_alone(seed):
+def test_random_joins_leaves_and_steps_match_each_sequence_alone(seed, graph_rows):
     """Random walks of joins (prompts of 1-3 or 10-12 tokens: the running rows' tokens move
-    either way, by more than they hold), leaves and steps over buffers that start as NaN: every
-    step's logits equal each row's sequence run alone."""
+    either way, by more than they hold), leaves and steps over buffers that start as NaN (as
+    garbage, under fixed-shape steps of up to ``graph_rows`` rows, run eagerly): every step's
+    logits equal each row's sequence run alone."""
     model = tiny_chat_model(context_length=32, seed=3)
     rnd = random.Random(seed)
     for _ in range(40):
-        batch = RunningBatch(model, capacity=32, max_rows=6)
+        batch = RunningBatch(model, capacity=32, max_rows=6, graph_rows=graph_rows,
+                             slot_bucket=8)
         for buffer in batch.cache.full.keys + batch.cache.full.values:
-            buffer.fill_(float("nan"))
+            buffer.fill_(1e4 if graph_rows else float("nan"))
+        batch.cache.full.next_position.fill_(31)
         seqs = []
         for _ in range(30):
             longest = max(map(len, seqs), default=0)
