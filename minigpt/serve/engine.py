@@ -26,10 +26,10 @@ from minigpt.serve.batch import RunningBatch
 from minigpt.serve.sequence import Sequence, TokenLogprob, token_logprobs
 
 MAX_ADMISSIONS_IN_A_ROW = 8  # rounds that read new prompts before the running rows step
-# Prompt tokens read in one forward pass (a longer prompt is read alone). A CPU reads a prompt
-# at the same cost per row alone or batched, so small groups hand out first tokens sooner; a GPU
-# reads many rows for the price of one.
-CPU_PREFILL_TOKENS, GPU_PREFILL_TOKENS = 128, 4096
+# Prompt tokens read in one forward pass (a longer prompt is read alone). A CPU's pass costs
+# about its tokens' arithmetic, so a burst's median first token comes soonest when about half
+# the burst shares a pass (bench.serve_floor); a GPU reads many rows for the price of one.
+CPU_PREFILL_TOKENS, GPU_PREFILL_TOKENS = 256, 4096
 
 
 @dataclass
