@@ -142,15 +142,23 @@ def plan_estimate(plan, model: dict, batch_size: int, *,
 
 
 def memory_limit(plan) -> tuple[int, str]:
-    """Bytes one process of the plan may use for a step, and where: free GPU memory, or the
-    host's available RAM (within a container's limit) split over the processes sharing it;
-    capped by ``trainer.memory_budget``."""
-    if plan.accelerator == "gpu" and torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info()
-        where = f"GPU {torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
-        return within_budget(free, where, plan.memory_budget)
-    # the processes sharing one machine's RAM
+    """Bytes one process of the plan may use for a step, and where: ``memory_available`` on its
+    device (the host's split over the processes sharing it), capped by ``trainer.memory_budget``."""
+    on_gpu = plan.accelerator == "gpu" and torch.cuda.is_available()
+    available, where = memory_available("cuda" if on_gpu else "cpu")
     processes = max(1, plan.world_size // plan.num_nodes if plan.accelerator == "cpu" else 1)
+    where += f" (per process, {processes} processes)" if processes > 1 else ""
+    return within_budget(available // processes, where, plan.memory_budget)
+
+
+def memory_available(device: str) -> tuple[int, str]:
+    """Bytes free for new tensors on ``device`` (``cuda[:i]`` or ``cpu``) and its name: a GPU's
+    free memory, or the host's available RAM within a container's limit."""
+    if device.startswith("cuda"):
+        index = torch.device(device).index
+        index = torch.cuda.current_device() if index is None else index
+        return (torch.cuda.mem_get_info(index)[0],
+                f"GPU {index} ({torch.cuda.get_device_name(index)})")
     try:
         with open("/proc/meminfo") as f:
             available = next(int(line.split()[1]) * 1024 for line in f
@@ -158,11 +166,7 @@ def memory_limit(plan) -> tuple[int, str]:
     except (OSError, StopIteration):
         available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     left = cgroup_memory_left()  # a container's limit ends the process before the host is full
-    if left is not None:
-        available = min(available, left)
-    where = "this machine's RAM" + (
-        f" (per process, {processes} processes)" if processes > 1 else "")
-    return within_budget(available // processes, where, plan.memory_budget)
+    return available if left is None else min(available, left), "this machine's RAM"
 
 
 def check_run_fits(plan, model: dict) -> None:
@@ -240,20 +244,12 @@ def largest_that_fits(fits: Callable[[int], bool], upper: int) -> int:
     if upper < 1 or not fits(1):
         return 0
     good, bad = 1, None  # the largest size known to fit, the smallest known not to
-    while bad is None and good < upper:
-        candidate = min(2 * good, upper)
+    while (upper + 1 if bad is None else bad) - good > 1:
+        candidate = min(2 * good, upper) if bad is None else (good + bad) // 2
         if fits(candidate):
             good = candidate
         else:
             bad = candidate
-    if bad is None:
-        return good
-    while bad - good > 1:
-        middle = (good + bad) // 2
-        if fits(middle):
-            good = middle
-        else:
-            bad = middle
     return good
 
 
