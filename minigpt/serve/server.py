@@ -22,14 +22,18 @@ from pathlib import Path
 
 from minigpt.config import settings_problems
 from minigpt.cpu import keep_freed_host_memory
-from minigpt.errors import ConfigError, UserError
+from minigpt.errors import ConfigError, ResourceError, UserError
 from minigpt.paths import check_paths
 from minigpt.serve.config import SERVE_RULES, ServeSchema, is_loopback
 from minigpt.serve.engine import Engine
 from minigpt.serve.service import Service
+from minigpt.train.memory import memory_available
 
 API_KEY_ENV = "MINIGPT_API_KEY"
 SWITCH_INTERVAL_S = 0.0005
+# The share of a device's free memory the batch's KV cache may take: the rest is for the
+# activations of a prompt pass and the graphs' memory pool.
+KV_CACHE_SHARE = 0.9
 
 
 def api_key_of(settings: ServeSchema) -> str | None:
@@ -86,6 +90,7 @@ def load_service(settings: ServeSchema) -> Service:
                         f"{model.config.window}): the server's batch cache holds full "
                         "attention only; sample it with generate.py")
     applied = loaded.place(cpu_speedups=settings.cpu_speedups is not False)
+    check_cache_fits(model, settings.max_batch, loaded.device)
     if applied and keep_freed_host_memory():  # prompts and steps make and free the same tensors
         applied.append("glibc keeps freed memory")
     engine = Engine(model, max_batch=settings.max_batch, max_queue=settings.max_queue,
@@ -98,6 +103,19 @@ def load_service(settings: ServeSchema) -> Service:
           f"up to {settings.max_batch} requests at once (a KV cache of "
           f"{engine.batch.cache.nbytes / 2**20:,.0f} MiB){_steps_note(engine)}")
     return service
+
+
+def check_cache_fits(model, max_batch: int, device: str) -> None:
+    """Refuse, before allocating it, a batch KV cache ``device`` has no room for: a GPU would
+    fail to allocate it, and a CPU would commit it a row at a time and be killed for it later."""
+    row = model.kv_cache_capacity() * model.kv_cache_bytes_per_token()
+    available, where = memory_available(device)
+    if max_batch * row > available * KV_CACHE_SHARE:
+        raise ResourceError(
+            f"max_batch={max_batch} needs a KV cache of {max_batch * row / 2**30:,.2f} GiB "
+            f"({row / 2**20:,.1f} MiB a row of {model.kv_cache_capacity()} tokens) but {where} "
+            f"has {available / 2**30:,.2f} GiB free: lower max_batch (at most "
+            f"{int(available * KV_CACHE_SHARE // row)} fit)")
 
 
 def _steps_note(engine: Engine) -> str:

@@ -14,10 +14,11 @@ import httpx
 import pytest
 from chat_helpers import ROOT
 
-from minigpt.errors import ConfigError, UserError
+from minigpt.errors import ConfigError, ResourceError, UserError
+from minigpt.serve import server
 from minigpt.serve.batch import RunningBatch
 from minigpt.serve.config import ServeSchema
-from minigpt.serve.server import check_address, check_settings, graph_rows
+from minigpt.serve.server import check_address, check_settings, graph_rows, load_service
 
 
 def post(url, path="/v1/completions", **kwargs):
@@ -103,6 +104,26 @@ def test_cuda_graph_rows_default_to_the_whole_batch_on_a_gpu_only():
     assert graph_rows(ServeSchema(max_batch=48), "cpu") == 0
     with pytest.raises(ConfigError, match="cuda_graph_rows=-1 must be an integer >= 0"):
         check_settings(ServeSchema(ckpt_path="x.ckpt", cuda_graph_rows=-1))
+
+
+def test_a_batch_cache_the_device_cannot_hold_is_refused_before_it_is_allocated(
+        base_checkpoint, monkeypatch):
+    settings = ServeSchema(ckpt_path=str(base_checkpoint), device="cpu", dtype="float32")
+    service = load_service(settings)
+    c = service.model.config  # a row: keys and values of every layer, float32, the context
+    row = 2 * c.n_layer * c.n_embd * 4 * c.context_length
+    assert service.engine.batch.cache.nbytes == settings.max_batch * row
+    settings.max_batch = 10**7  # terabytes: more than this machine has
+    with pytest.raises(ResourceError, match=r"max_batch=10000000 needs a KV cache of [\d.]+ GiB "
+                       r"\([\d.]+ MiB a row of \d+ tokens\) but this machine's RAM has"):
+        load_service(settings)
+    monkeypatch.setattr(server, "memory_available", lambda device: (10 * row, "GPU 7 (test)"))
+    settings.max_batch = 10
+    with pytest.raises(ResourceError, match=r"but GPU 7 \(test\) has [\d.]+ GiB free: lower "
+                                            r"max_batch \(at most 9 fit\)"):
+        load_service(settings)  # 90% of the free memory: room for a prompt pass
+    settings.max_batch = 9
+    assert len(load_service(settings).engine.batch.cache.full.padding) == 9
 
 
 def test_an_address_in_use_or_unknown_host_is_refused_before_loading():
