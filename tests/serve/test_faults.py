@@ -114,12 +114,12 @@ def test_a_batch_cache_the_device_cannot_hold_is_refused_before_it_is_allocated(
     row = 2 * c.n_layer * c.n_embd * 4 * c.context_length
     assert service.engine.batch.cache.nbytes == settings.max_batch * row
     settings.max_batch = 10**7  # terabytes: more than this machine has
-    with pytest.raises(ResourceError, match=r"max_batch=10000000 needs a KV cache of [\d.]+ GiB "
-                       r"\([\d.]+ MiB a row of \d+ tokens\) but this machine's RAM has"):
+    with pytest.raises(ResourceError, match=r"max_batch=10000000 needs a KV cache of [\d.,]+ GiB "
+                       r"\([\d.,]+ MiB a row of \d+ tokens\) but this machine's RAM has"):
         load_service(settings)
     monkeypatch.setattr(server, "memory_available", lambda device: (10 * row, "GPU 7 (test)"))
     settings.max_batch = 10
-    with pytest.raises(ResourceError, match=r"but GPU 7 \(test\) has [\d.]+ GiB free: lower "
+    with pytest.raises(ResourceError, match=r"but GPU 7 \(test\) has [\d.,]+ GiB free: lower "
                                             r"max_batch \(at most 9 fit\)"):
         load_service(settings)  # 90% of the free memory: room for a prompt pass
     settings.max_batch = 9
