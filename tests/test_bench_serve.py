@@ -37,8 +37,9 @@ def test_the_first_token_floor_searches_every_grouping(capsys):
     # three requests at once, a pass over k prompts costing 1, 1.5, 2 ms: two then one puts the
     # median at 1.5 ms (all three: 2; one then two: 2.5; one by one: 2)
     assert serve_floor.best_schedule([0, 0, 0], [1, 1.5, 2], 0) == (1.5, [2, 1])
-    # the third arrives late: waiting for it costs more than reading it alone afterwards
-    assert serve_floor.best_schedule([0, 0, 5], [1, 1.5, 2], 0.5) == (2.0, [2, 1])
+    # two arrive at 3 ms: the first is read at once, then each alone (medians: all three 5,
+    # one then two 4.5, two then one 4.5, one by one 4; the first token read back 0.5 ms later)
+    assert serve_floor.best_schedule([0, 3, 3], [1, 1.5, 2], 0.5) == (4.5, [1, 1, 1])
     serve_floor.main(["--clients", "3", "--warmup", "0", "--repeats", "1"])
     lines = capsys.readouterr().out.splitlines()
     assert "ms to read k of bench.serve's prompts in one pass, k = 1 .. 3:" in lines[0]
