@@ -299,19 +299,21 @@ def _engine_line(args, counts: list[dict], seconds: list[float]) -> None:
     median = statistics.median
     steps = [c["decode_steps_total"] or 1 for c in counts]
 
-    def per_step(key=None, values=None):
-        values = values or [c[key] for c in counts]
+    def per_step(values: list[float]) -> float:
         return 1e3 * median(v / n for v, n in zip(values, steps, strict=True))
+
+    def column(key: str) -> list[float]:
+        return [c[key] for c in counts]
 
     busy = [c["decode_forward_seconds_total"] + c["decode_sampling_seconds_total"]
             + c["prefill_seconds_total"] for c in counts]
     rest = [s - b for s, b in zip(seconds, busy, strict=True)]
     rows = median(c["decode_step_rows_total"] / n for c, n in zip(counts, steps, strict=True))
     print(f"engine, {args.clients} together: {median(steps):.0f} decode steps of {rows:.1f}"
-          f" rows on average; per step {per_step(values=seconds):.2f} ms: forward "
-          f"{per_step('decode_forward_seconds_total'):.2f}, sampling "
-          f"{per_step('decode_sampling_seconds_total'):.2f}, prompts "
-          f"{per_step('prefill_seconds_total'):.2f}, the rest {per_step(values=rest):.2f}")
+          f" rows on average; per step {per_step(seconds):.2f} ms: forward "
+          f"{per_step(column('decode_forward_seconds_total')):.2f}, sampling "
+          f"{per_step(column('decode_sampling_seconds_total')):.2f}, prompts "
+          f"{per_step(column('prefill_seconds_total')):.2f}, the rest {per_step(rest):.2f}")
 
 
 def _target(name: str, ratios: list[float], sense: str, bound: float) -> None:

@@ -6,7 +6,7 @@
 Every prompt must be read before its first token, so the prompts' arithmetic bounds the median
 first token of a burst. This times ``RunningBatch.prefill`` (the server's prompt read) over the
 first k of ``bench.serve``'s prompts, k = 1 .. ``--clients``, on the model placed as the server
-places it (median of ``--repeats``), and searches every grouping of the prompts in arrival
+places it (interleaved, median of ``--repeats``), and searches every grouping of the prompts in arrival
 order (a group of k is read in cost(k), once the engine is free and its last prompt has
 arrived) for the lowest median first token: no contention, no decode steps, no HTTP
 beyond ``--arrival`` ms in and ``--out`` ms back. Twice: all requests arriving at ``--arrival``,
@@ -21,12 +21,13 @@ import argparse
 import itertools
 import statistics
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from bench.serve import _prompts, _write_checkpoint
+from bench.timing import medians, time_interleaved
 from minigpt.devices import check_device, inference_dtype
 
 
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _prompt_read_ms(args) -> list[float]:
-    """Median ms of one prefill of the first k prompts, k = 1 .. clients."""
+    """Median ms of one prefill of the first k prompts, k = 1 .. clients (timed interleaved)."""
     from minigpt.inference import load_for_inference
     from minigpt.serve.batch import RunningBatch
 
@@ -63,18 +64,15 @@ def _prompt_read_ms(args) -> list[float]:
     loaded.place()  # as the server places it (CPU speedups on)
     prompts = [loaded.tokenizer.encode(p) for p in _prompts(args.clients)]
     batch = RunningBatch(loaded.model, loaded.model.kv_cache_capacity(), args.clients)
-    costs = []
+
+    def read(k: int) -> None:
+        logits, _ = batch.prefill(prompts[:k])
+        logits.float().argmax(dim=-1).tolist()  # the first tokens, on the host
+
     with torch.inference_mode():
-        for k in range(1, args.clients + 1):
-            times = []
-            for n in range(args.warmup + args.repeats):
-                start = time.perf_counter()
-                logits, _ = batch.prefill(prompts[:k])
-                logits.float().argmax(dim=-1).tolist()  # the first tokens, on the host
-                if n >= args.warmup:
-                    times.append(time.perf_counter() - start)
-            costs.append(1e3 * statistics.median(times))
-    return costs
+        times = time_interleaved({k: partial(read, k) for k in range(1, args.clients + 1)},
+                                 args.warmup, args.repeats)
+    return [1e3 * seconds for seconds in medians(times).values()]
 
 
 def best_schedule(arrivals: list[float], costs: list[float],

@@ -108,12 +108,13 @@ def load_service(settings: ServeSchema) -> Service:
 def check_cache_fits(model, max_batch: int, device: str) -> None:
     """Refuse, before allocating it, a batch KV cache ``device`` has no room for: a GPU would
     fail to allocate it, and a CPU would commit it a row at a time and be killed for it later."""
-    row = model.kv_cache_capacity() * model.kv_cache_bytes_per_token()
+    tokens = model.kv_cache_capacity()
+    row = tokens * model.kv_cache_bytes_per_token()
     available, where = memory_available(device)
     if max_batch * row > available * KV_CACHE_SHARE:
         raise ResourceError(
             f"max_batch={max_batch} needs a KV cache of {max_batch * row / 2**30:,.2f} GiB "
-            f"({row / 2**20:,.1f} MiB a row of {model.kv_cache_capacity()} tokens) but {where} "
+            f"({row / 2**20:,.1f} MiB a row of {tokens} tokens) but {where} "
             f"has {available / 2**30:,.2f} GiB free: lower max_batch (at most "
             f"{int(available * KV_CACHE_SHARE // row)} fit)")
 
