@@ -77,8 +77,8 @@ def create_app(service: Service, *, api_key: str | None = None,
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "running": service.engine.running,
-                "waiting": len(service.engine.waiting)}
+        counts = service.engine.counts()
+        return {"status": "ok", "running": counts["running"], "waiting": counts["waiting"]}
 
     @app.get("/metrics", dependencies=[authorized])
     async def metrics():
@@ -95,7 +95,7 @@ def create_app(service: Service, *, api_key: str | None = None,
                                   stream_interval)
         output = CompletionOutput(service.name, body.n, echo=body.echo,
                                   logprobs=body.logprobs is not None)
-        return await _respond(request, pipe, sequences, output, body.stream,
+        return await _respond(service.engine, request, pipe, sequences, output, body.stream,
                               body.stream_options is not None and body.stream_options.include_usage)
 
     @app.post("/v1/chat/completions", dependencies=[authorized])
@@ -103,7 +103,7 @@ def create_app(service: Service, *, api_key: str | None = None,
         pipe, sequences = _submit(service, lambda sink: service.chat_sequences(body, sink),
                                   stream_interval)
         output = ChatOutput(service.name, body.n, logprobs=body.logprobs)
-        return await _respond(request, pipe, sequences, output, body.stream,
+        return await _respond(service.engine, request, pipe, sequences, output, body.stream,
                               body.stream_options is not None and body.stream_options.include_usage)
 
     @app.get("/tokenizer_info", dependencies=[authorized])
@@ -189,10 +189,10 @@ def _submit(service: Service, make, interval: float) -> tuple[EventPipe, list[Se
     return pipe, sequences
 
 
-async def _respond(request: Request, pipe: EventPipe, sequences: list[Sequence], output,
-                   stream: bool, include_usage: bool):
+async def _respond(engine: Engine, request: Request, pipe: EventPipe, sequences: list[Sequence],
+                   output, stream: bool, include_usage: bool):
     if stream:
-        return StreamingResponse(_stream(pipe, sequences, output, include_usage),
+        return StreamingResponse(_stream(engine, pipe, sequences, output, include_usage),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     try:
@@ -212,10 +212,10 @@ async def _respond(request: Request, pipe: EventPipe, sequences: list[Sequence],
                            type="server_error")
         return output.response()
     finally:
-        _cancel(sequences)
+        engine.cancel(sequences)
 
 
-async def _stream(pipe: EventPipe, sequences: list[Sequence], output,
+async def _stream(engine: Engine, pipe: EventPipe, sequences: list[Sequence], output,
                   include_usage: bool) -> AsyncIterator[str]:
     """Server-sent events: a chunk per choice per wake-up (its events merged); the usage chunk
     if asked; ``[DONE]``. A client that disconnects ends this generator (cancelled): its
@@ -238,24 +238,17 @@ async def _stream(pipe: EventPipe, sequences: list[Sequence], output,
             yield _sse(output.usage_chunk())
         yield "data: [DONE]\n\n"
     finally:
-        _cancel(sequences)
+        engine.cancel(sequences)
 
 
 def _sse(chunk: dict) -> str:
     return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
 
 
-def _cancel(sequences: list[Sequence]) -> None:
-    for sequence in sequences:
-        if not sequence.finished:
-            sequence.cancel()
-
-
 def metrics_text(engine: Engine) -> str:
     """``METRICS`` in Prometheus' text exposition format, named ``minigpt_<count>`` (counters
     with ``_total``)."""
-    values = {"running": engine.running, "waiting": len(engine.waiting),
-              **vars(engine.stats)}
+    values = engine.counts()
     lines = []
     for count, kind, help_text in METRICS:
         name = f"minigpt_{count}" + ("_total" if kind == "counter" else "")

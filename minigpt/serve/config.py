@@ -31,6 +31,8 @@ class ServeSchema:
     cpu_speedups: Any = "auto"  # generate.py's CPU weight layouts (minigpt.cpu); false: plain
     cuda_graph_rows: int | None = None  # on a GPU, steps of up to this many rows replay CUDA
     # graphs; null: every batch up to max_batch; 0: none
+    engine_process: Any = "auto"  # decode in a process of its own (false: in a thread of the
+    # server's process; auto: a process on a GPU, a thread on the CPU)
     max_batch: int = 16  # requests decoded together
     max_queue: int = 64  # requests waiting for a row; more get 429
     max_tokens: int = 4096  # the most new tokens one request may ask for
@@ -46,6 +48,7 @@ SERVE_RULES = {
     "max_tokens": AT_LEAST_1, "max_body_bytes": Range(1024), "shutdown_timeout": Range(0),
     "stream_interval": Range(0, 10),
     "dtype": OneOf(DTYPES), "cpu_speedups": OneOf(("auto", False)),
+    "engine_process": OneOf(("auto", True, False)),
     "cuda_graph_rows": Range(0),
     "log_level": OneOf(("critical", "error", "warning", "info", "debug")),
     "host": Satisfies(lambda h: isinstance(h, str) and bool(h.strip()),

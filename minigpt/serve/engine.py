@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -80,10 +81,19 @@ class Engine:
         self._joining: list[Sequence] = []  # popped from the queue, not in the batch yet
         self._admissions_in_a_row = 0
         self.error: BaseException | None = None
+        # called by the engine thread after each part of a round that may call the sequences'
+        # sinks (drops, prompts, the step) and at its end (``minigpt.serve.process`` sends
+        # their events from it)
+        self.after_events: Callable[[], None] | None = None
 
     @property
     def running(self) -> int:
-        return len(self.batch)
+        """Sequences in the batch that have not finished (a finished one leaves next round)."""
+        return sum(not s.finished for s in self.batch.owners)
+
+    def counts(self) -> dict[str, float]:
+        """``running``, ``waiting`` and the ``EngineStats`` (``GET /health``, ``/metrics``)."""
+        return {"running": self.running, "waiting": len(self.waiting), **vars(self.stats)}
 
     def start(self) -> Engine:
         self._thread = threading.Thread(target=self._run, name="minigpt-engine", daemon=True)
@@ -100,6 +110,13 @@ class Engine:
                                 f"{self.max_queue})")
             self.waiting.extend(sequences)
             self._wake.notify()
+
+    @staticmethod
+    def cancel(sequences: list[Sequence]) -> None:
+        """Called by the consumer: the unfinished ``sequences`` leave at the next round."""
+        for sequence in sequences:
+            if not sequence.finished:
+                sequence.cancel()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel everything still queued or running and end the thread."""
@@ -122,11 +139,13 @@ class Engine:
                 sequence.abort("cancelled" if self.error is None else "error")
             self.batch.keep([])
             self.waiting.clear()
+            self._events_out()
 
     def _next_round(self) -> bool:
         """One round: wait for work, drop what left, admit what arrived, take a step. Returns
         False once stopped."""
         self._drop_finished()
+        self._events_out()  # the ends of sequences dropped, before waiting for work
         with self._wake:
             while not self._stopping and not self.waiting and not len(self.batch):
                 self._wake.wait()
@@ -147,6 +166,7 @@ class Engine:
             start = time.perf_counter()
             self._admit(joining)
             self.stats.prefill_seconds += time.perf_counter() - start
+            self._events_out()  # first tokens go out before anyone's step
         self._joining = []
         # Prompts first: requests that arrived while this one was read join before the next
         # step (their first token waits for no one's step), a few rounds at most
@@ -157,7 +177,12 @@ class Engine:
         self._admissions_in_a_row = 0
         if len(self.batch):
             self._step()
+        self._events_out()
         return True
+
+    def _events_out(self) -> None:
+        if self.after_events is not None:
+            self.after_events()
 
     def _drop_finished(self) -> None:
         for sequence in self.batch.owners:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from minigpt.config import settings_problems
 from minigpt.cpu import keep_freed_host_memory
+from minigpt.devices import check_device
 from minigpt.errors import ConfigError, ResourceError, UserError
 from minigpt.paths import check_paths
 from minigpt.serve.config import SERVE_RULES, ServeSchema, is_loopback
@@ -76,6 +77,15 @@ def graph_rows(settings: ServeSchema, device: str) -> int:
     return settings.max_batch if settings.cuda_graph_rows is None else settings.cuda_graph_rows
 
 
+def uses_engine_process(settings: ServeSchema) -> bool:
+    """Whether the engine decodes in a process of its own (``minigpt.serve.process``): ``auto``
+    on a GPU, whose steps must not wait for the server's Python; a CPU's few cores are the
+    engine's own, and a second process competes for them."""
+    if settings.engine_process == "auto":
+        return check_device(settings.device).startswith("cuda")
+    return settings.engine_process
+
+
 def load_service(settings: ServeSchema) -> Service:
     """The model of ``settings`` loaded, placed and wrapped with its engine (not started)."""
     from minigpt.inference import load_for_inference
@@ -96,8 +106,9 @@ def load_service(settings: ServeSchema) -> Service:
     engine = Engine(model, max_batch=settings.max_batch, max_queue=settings.max_queue,
                     graph_rows=graph_rows(settings, loaded.device))
     name = settings.model_name or Path(loaded.source).name
-    service = Service(model, loaded.tokenizer, engine, name=name,
-                      template=loaded.chat_template, max_tokens=settings.max_tokens)
+    service = Service(model.config, loaded.tokenizer, engine, name=name,
+                      template=loaded.chat_template, max_tokens=settings.max_tokens,
+                      device=loaded.device)
     _info(f"{loaded.describe()}; cpu speedups: {', '.join(applied) or 'none'}; serving it as "
           f"{name!r} ({'chat template stored' if service.template else 'no chat template'}), "
           f"up to {settings.max_batch} requests at once (a KV cache of "
@@ -132,10 +143,12 @@ def run(settings: ServeSchema) -> None:
     import uvicorn
 
     from minigpt.serve.app import create_app
+    from minigpt.serve.process import process_service
 
     check_settings(settings)
     check_address(settings.host, settings.port)
-    service = load_service(settings)
+    service = process_service(settings, load_service) if uses_engine_process(settings) \
+        else load_service(settings)
     app = create_app(service, api_key=api_key_of(settings),
                      max_body_bytes=settings.max_body_bytes,
                      stream_interval=settings.stream_interval)

@@ -28,16 +28,17 @@ Sink = Callable[[Event], None]
 
 
 class Service:
-    """One served model: ``model`` (placed, eval mode), its ``tokenizer``, its chat
-    ``template`` (None: a base model), the ``name`` clients see, and the ``engine`` that
-    decodes it; ``max_tokens`` caps what one request may ask for."""
+    """One served model: its ``config`` (a ``GPTConfig``), ``tokenizer`` and chat ``template``
+    (None: a base model), the ``name`` clients see, and the ``engine`` that decodes it (an
+    ``Engine``, or an ``EngineProcess`` running one); ``max_tokens`` caps what one request may
+    ask for; ``device``: the engine's, where the sequences' token masks live."""
 
-    def __init__(self, model, tokenizer, engine: Engine, *, name: str, template=None,
-                 max_tokens: int = 4096):
-        self.model, self.tokenizer, self.engine = model, tokenizer, engine
+    def __init__(self, config, tokenizer, engine: Engine, *, name: str,
+                 template=None, max_tokens: int = 4096, device: str = "cpu"):
+        self.config, self.tokenizer, self.engine = config, tokenizer, engine
         self.name, self.template, self.max_tokens = name, template, max_tokens
-        self.context_length = model.config.context_length
-        V, device = model.config.vocab_size, model.tok_emb.weight.device
+        self.context_length = config.context_length
+        V = config.vocab_size
         self.text_tokens = torch.full((V,), float("-inf"), device=device)
         self.text_tokens[:tokenizer.vocab_size] = 0
         self.chat_tokens = None
@@ -113,7 +114,7 @@ class Service:
         return "".join(text)
 
     def check_ids(self, ids: list[int], param: str) -> None:
-        V = self.model.config.vocab_size
+        V = self.config.vocab_size
         bad = [t for t in ids if not 0 <= t < V]
         if bad:
             raise APIError(400, f"{param}: token id {bad[0]} is outside the model's vocabulary "

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -110,7 +111,7 @@ def test_a_batch_cache_the_device_cannot_hold_is_refused_before_it_is_allocated(
         base_checkpoint, monkeypatch):
     settings = ServeSchema(ckpt_path=str(base_checkpoint), device="cpu", dtype="float32")
     service = load_service(settings)
-    c = service.model.config  # a row: keys and values of every layer, float32, the context
+    c = service.config  # a row: keys and values of every layer, float32, the context
     row = 2 * c.n_layer * c.n_embd * 4 * c.context_length
     assert service.engine.batch.cache.nbytes == settings.max_batch * row
     settings.max_batch = 10**7  # terabytes: more than this machine has
@@ -192,7 +193,8 @@ def test_a_full_queue_is_429_with_retry_after(base_checkpoint, start_server, slo
     body = {"prompt": prompt, "max_tokens": 40, "temperature": 0, "stream": True}
     with httpx.Client(timeout=60) as client, \
             client.stream("POST", f"{server.url}/v1/completions", json=body) as first:
-        next(line for line in first.iter_lines() if line.startswith("data:"))  # running
+        lines = first.iter_lines()  # held: a generator dropped closes the stream
+        next(line for line in lines if line.startswith("data:"))  # running
         with client.stream("POST", f"{server.url}/v1/completions", json=body) as second:
             assert second.status_code == 200  # queued behind the first
             third = client.post(f"{server.url}/v1/completions", json=body)
@@ -200,9 +202,24 @@ def test_a_full_queue_is_429_with_retry_after(base_checkpoint, start_server, slo
             assert third.headers["retry-after"] == "1"
 
 
-def test_sigterm_mid_batch_exits_0_within_the_bound(base_checkpoint):
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux's /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it exited meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.parametrize("engine_process", [False, True])
+def test_sigterm_mid_batch_exits_0_within_the_bound(base_checkpoint, engine_process):
     command = [sys.executable, "-m", "minigpt.serve", f"ckpt_path={base_checkpoint}", "port=0",
-               "device=cpu", "dtype=float32", "shutdown_timeout=1", "log_level=info"]
+               "device=cpu", "dtype=float32", "shutdown_timeout=1", "log_level=info",
+               f"engine_process={str(engine_process).lower()}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     server = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     try:
@@ -221,10 +238,16 @@ def test_sigterm_mid_batch_exits_0_within_the_bound(base_checkpoint):
             for response in responses:
                 assert json.loads(next(response.iter_lines())[6:])["object"] == \
                     "text_completion"
+            children = children_of(server.pid)
+            assert bool(children) == engine_process  # the engine's (and its resource tracker)
             start = time.monotonic()
             server.send_signal(signal.SIGTERM)
             assert server.wait(timeout=15) == 0, server.stderr.read()[-2000:]
             assert time.monotonic() - start < 10
+            deadline = time.monotonic() + 5  # none left (the tracker ends once it sees EOF)
+            while [c for c in children if Path(f"/proc/{c}").exists()]:
+                assert time.monotonic() < deadline, "a child of the server outlived it"
+                time.sleep(0.05)
             for s in streams:
                 try:
                     s.__exit__(None, None, None)

@@ -113,7 +113,7 @@ def test_fixed_shape_steps_give_generate_py_text(base_checkpoint):
     to 4 rows, eager steps above: 8 concurrent requests still get generate.py's greedy text."""
     service = load_service(ServeSchema(ckpt_path=str(base_checkpoint), device="cpu",
                                        dtype="float32", port=0))
-    service.engine = Engine(service.model, max_batch=8, graph_rows=4)
+    service.engine = Engine(service.engine.model, max_batch=8, graph_rows=4)
     expected = [generate_py(base_checkpoint, p, n) for p, n in zip(PROMPTS, LENGTHS,
                                                                      strict=True)]
     with serve_in_thread(service) as server, ThreadPoolExecutor(8) as pool:
