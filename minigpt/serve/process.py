@@ -50,7 +50,7 @@ def process_service(settings, load, *, entry=None):
     from minigpt.serve.service import Service
 
     engine = EngineProcess(settings, load, entry=entry)
-    info = engine.model
+    info = engine.info
     return Service(info.config, info.tokenizer, engine, name=info.name, template=info.template,
                    max_tokens=settings.max_tokens)
 
@@ -60,7 +60,7 @@ class EngineProcess:
     module-level function: the child imports it), decoding in a child process, with the
     part of an ``Engine``'s interface the server uses: ``submit``, ``cancel``, ``counts``,
     ``stop`` and ``error`` (set once the child failed or went away). Construction starts the
-    child and waits until its model is loaded (its loading errors are raised here); ``model``
+    child and waits until its model is loaded (its loading errors are raised here); ``info``
     describes what it loaded (``ModelInfo``).
     ``entry``: the child's function (tests wrap it)."""
 
@@ -82,7 +82,7 @@ class EngineProcess:
         if kind == "failed":
             self.process.join()
             raise value
-        self.model = value
+        self.info = value
         self._lock = threading.Lock()
         self._live: dict[int, Sequence] = {}  # sent and not finished, by id
         self._next_id = 0
