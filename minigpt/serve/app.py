@@ -77,8 +77,11 @@ def create_app(service: Service, *, api_key: str | None = None,
 
     @app.get("/health")
     async def health():
-        counts = service.engine.counts()
-        return {"status": "ok", "running": counts["running"], "waiting": counts["waiting"]}
+        """200 while the engine decodes; 503 once it failed (a load balancer stops sending)."""
+        counts, failed = service.engine.counts(), service.engine.error is not None
+        body = {"status": "failed" if failed else "ok", "running": counts["running"],
+                "waiting": counts["waiting"]}
+        return JSONResponse(body, status_code=503 if failed else 200)
 
     @app.get("/metrics", dependencies=[authorized])
     async def metrics():
@@ -184,7 +187,9 @@ def _submit(service: Service, make, interval: float) -> tuple[EventPipe, list[Se
         raise APIError(429, f"the server is busy: {e}; retry shortly", type="rate_limit_error",
                        code="queue_full", headers={"Retry-After": "1"}) from None
     except RuntimeError as e:
-        raise APIError(503, f"the server is shutting down ({e})", type="server_error",
+        reason = "its engine failed: restart it" if service.engine.error is not None \
+            else f"it is shutting down ({e})"
+        raise APIError(503, f"the server cannot decode: {reason}", type="server_error",
                        code="unavailable") from None
     return pipe, sequences
 

@@ -1,6 +1,7 @@
 """The engine in a process of its own (``engine_process=true``): the same answers as
 ``generate.py`` alone and in a batch, cancels and refusals that reach the child, a child that
-dies or cannot load, each as the server's own process would meet it."""
+cannot load; and an engine that fails, in a thread or a process, or whose process dies: its
+requests fail, new ones are refused and /health says so."""
 
 import threading
 import time
@@ -9,10 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from conftest import settings_for
-from slow_engine import slow_engine_main
+from slow_engine import failing_engine_main, failing_step, slow_engine_main
 from test_faults import assert_error, long_prompt, post
 from test_greedy import LENGTHS, PROMPTS, complete, generate_py
 
+from minigpt.serve.batch import RunningBatch
 from minigpt.serve.process import process_service
 from minigpt.serve.server import load_service, serve_in_thread, uses_engine_process
 
@@ -104,19 +106,33 @@ def test_a_full_queue_is_429(base_checkpoint):
                              code="queue_full")
 
 
-def test_a_dead_engine_process_fails_its_requests_and_refuses_more(base_checkpoint):
-    with serve_process(base_checkpoint) as server:
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # by design
+@pytest.mark.parametrize("how", ["thread fails", "process fails", "process killed"])
+def test_an_engine_that_fails_fails_its_requests_refuses_more_and_is_unhealthy(
+        base_checkpoint, monkeypatch, how):
+    settings = settings_for(base_checkpoint, engine_process=how.startswith("process"))
+    if how == "thread fails":
+        monkeypatch.setattr(RunningBatch, "step", failing_step(3))
+        service = load_service(settings)
+    else:
+        entry = failing_engine_main if how == "process fails" else slow_engine_main
+        service = process_service(settings, load_service, entry=entry)
+    with serve_in_thread(service) as server:
         engine, results = server.service.engine, {}
-        body = {"prompt": long_prompt(server.url, 80), "max_tokens": 80, "temperature": 0}
+        prompt = long_prompt(server.url, 80) if how == "process killed" else "the"  # 3+ tokens
+        body = {"prompt": prompt, "max_tokens": 80, "temperature": 0}
         worker = threading.Thread(target=lambda: results.update(r=post(server.url, json=body)))
         worker.start()
-        wait_for(lambda: engine.counts()["running"] == 1)
-        engine.process.kill()
+        if how == "process killed":
+            wait_for(lambda: engine.counts()["running"] == 1)
+            engine.process.kill()
         worker.join()
         assert_error(results["r"], 500)  # in flight: the engine failed while decoding it
-        assert_error(post(server.url, json=body), 503)
-        assert "exited" in str(engine.error)
-        assert httpx.get(f"{server.url}/health").status_code == 200
+        assert "engine failed" in assert_error(post(server.url, json=body), 503)["message"]
+        assert ("exited" if how == "process killed" else "a decode step failed") in \
+            str(engine.error)
+        health = httpx.get(f"{server.url}/health")
+        assert health.status_code == 503 and health.json()["status"] == "failed"
 
 
 def test_the_childs_loading_errors_are_the_servers(tmp_path):
