@@ -165,6 +165,7 @@ class EngineProcess:
                 if sequence is not None:
                     sequence.finished = event.finish_reason is not None
                     sequence.sink(event)
+        self.process.join(STOP_GRACE_S)  # its pipe closed: it is exiting, its status follows
         with self._lock:
             left, self._live = list(self._live.values()), {}
             if not self._stopping and self.error is None:

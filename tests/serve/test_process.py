@@ -129,8 +129,8 @@ def test_an_engine_that_fails_fails_its_requests_refuses_more_and_is_unhealthy(
         worker.join()
         assert_error(results["r"], 500)  # in flight: the engine failed while decoding it
         assert "engine failed" in assert_error(post(server.url, json=body), 503)["message"]
-        assert ("exited" if how == "process killed" else "a decode step failed") in \
-            str(engine.error)
+        assert ("exited (status -9)" if how == "process killed" else "a decode step failed") \
+            in str(engine.error)
         health = httpx.get(f"{server.url}/health")
         assert health.status_code == 503 and health.json()["status"] == "failed"
 
