@@ -27,6 +27,7 @@ from minigpt.errors import ConfigError, ResourceError, UserError
 from minigpt.paths import check_paths
 from minigpt.serve.config import SERVE_RULES, ServeSchema, is_loopback
 from minigpt.serve.engine import Engine
+from minigpt.serve.process import process_service
 from minigpt.serve.service import Service
 from minigpt.train.memory import memory_available
 
@@ -143,7 +144,6 @@ def run(settings: ServeSchema) -> None:
     import uvicorn
 
     from minigpt.serve.app import create_app
-    from minigpt.serve.process import process_service
 
     check_settings(settings)
     check_address(settings.host, settings.port)

@@ -3,6 +3,8 @@ without one) and the server running them in this process on a free loopback port
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from chat_helpers import char_tokenizer, chat_template, save_chat_checkpoint, tiny_chat_model
 
@@ -26,6 +28,14 @@ def base_checkpoint(tmp_path_factory):
     """The same shape without a chat template (a base model)."""
     path = tmp_path_factory.mktemp("serve") / "base.ckpt"
     return save_chat_checkpoint(path, tiny_chat_model(CONTEXT, seed=2), char_tokenizer())
+
+
+def wait_for(condition, seconds: float = 10.0, what: str = "timed out") -> None:
+    """Poll ``condition()`` until it holds; fail with ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
 
 
 def settings_for(checkpoint, **overrides) -> ServeSchema:

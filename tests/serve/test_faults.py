@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 from chat_helpers import ROOT
+from conftest import wait_for
+from slow_engine import delayed_step
 
 from minigpt.errors import ConfigError, ResourceError, UserError
 from minigpt.serve import server
@@ -146,13 +148,7 @@ def test_an_address_in_use_or_unknown_host_is_refused_before_loading():
 def slow_steps(monkeypatch):
     """Every decode step takes 20 ms more: a request stays in the batch long enough to be
     disconnected or to fill it."""
-    step = RunningBatch.step
-
-    def slow(self, tokens):
-        time.sleep(0.02)
-        return step(self, tokens)
-
-    monkeypatch.setattr(RunningBatch, "step", slow)
+    monkeypatch.setattr(RunningBatch, "step", delayed_step(0.02))
 
 
 def long_prompt(url, tokens=60):
@@ -244,10 +240,9 @@ def test_sigterm_mid_batch_exits_0_within_the_bound(base_checkpoint, engine_proc
             server.send_signal(signal.SIGTERM)
             assert server.wait(timeout=15) == 0, server.stderr.read()[-2000:]
             assert time.monotonic() - start < 10
-            deadline = time.monotonic() + 5  # none left (the tracker ends once it sees EOF)
-            while [c for c in children if Path(f"/proc/{c}").exists()]:
-                assert time.monotonic() < deadline, "a child of the server outlived it"
-                time.sleep(0.05)
+            # none left (the resource tracker ends once it sees its pipe close)
+            wait_for(lambda: not [c for c in children if Path(f"/proc/{c}").exists()], 5,
+                     "a child of the server outlived it")
             for s in streams:
                 try:
                     s.__exit__(None, None, None)

@@ -4,13 +4,12 @@ cannot load; and an engine that fails, in a thread or a process, or whose proces
 requests fail, new ones are refused and /health says so."""
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from conftest import settings_for
-from slow_engine import failing_engine_main, failing_step, slow_engine_main
+from conftest import settings_for, wait_for
+from slow_engine import delayed_step, failing_engine_main, slow_engine_main
 from test_faults import assert_error, long_prompt, post
 from test_greedy import LENGTHS, PROMPTS, complete, generate_py
 
@@ -35,13 +34,6 @@ def long_stream(url, tokens=60):
     body = {"prompt": long_prompt(url, tokens), "max_tokens": tokens, "temperature": 0,
             "stream": True}
     return httpx.Client(timeout=60), body
-
-
-def wait_for(condition, seconds=10.0):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
 
 
 def test_auto_is_a_process_on_a_gpu_only(base_checkpoint):
@@ -112,7 +104,7 @@ def test_an_engine_that_fails_fails_its_requests_refuses_more_and_is_unhealthy(
         base_checkpoint, monkeypatch, how):
     settings = settings_for(base_checkpoint, engine_process=how.startswith("process"))
     if how == "thread fails":
-        monkeypatch.setattr(RunningBatch, "step", failing_step(3))
+        monkeypatch.setattr(RunningBatch, "step", delayed_step(fail_after=3))
         service = load_service(settings)
     else:
         entry = failing_engine_main if how == "process fails" else slow_engine_main
